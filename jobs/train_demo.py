@@ -1,0 +1,178 @@
+"""Train the shipped demo de->en model on Multi30k with our own model code.
+
+    python -m jobs.train_demo --data-dir ../shared/data/multi30k --out models/demo-de-en --minutes 75
+
+Joint sentencepiece (unigram, 8k), a small Marian transformer, label smoothing, Adam with
+inverse-sqrt warm-up, a wall-clock budget, per-epoch checkpoints and averaging of the last N.
+Saved in HF Marian format with the OPUS-MT vocabulary convention (``<pad>`` is the last id of
+vocab.json, its embedding row is zero, decoding starts from it), so HF transformers and
+CTranslate2's converter load it too. ``--finalize-only`` re-runs averaging + saving from the
+work dir. ``touch WORK_DIR/STOP`` ends training after the current epoch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import time
+
+import sentencepiece as spm
+import torch
+from safetensors.torch import load_file, save_file
+
+from workers.checkpoint import save_checkpoint, unique_state
+from workers.config import ModelConfig
+from workers.model import MarianModel
+from workers.tokenizer import MarianTokenizer
+from workers.training import TrainConfig, average_states, collate, inverse_sqrt_lr, loss_fn, make_batches
+
+logger = logging.getLogger("train_demo")
+
+
+def read_lines(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def train_spm(data_dir: str, work_dir: str, vocab_size: int) -> tuple[bytes, dict[str, int]]:
+    """Joint unigram model on train.de + train.en; vocab.json = spm pieces + ``<pad>`` last."""
+    prefix = os.path.join(work_dir, "joint")
+    if not os.path.exists(prefix + ".model"):
+        spm.SentencePieceTrainer.train(
+            input=[os.path.join(data_dir, "train.de"), os.path.join(data_dir, "train.en")],
+            model_prefix=prefix, vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
+            eos_id=0, unk_id=1, bos_id=-1, pad_id=-1, num_threads=2, minloglevel=2)
+    proto = open(prefix + ".model", "rb").read()
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    vocab["<pad>"] = len(vocab)
+    return proto, vocab
+
+
+def encode_pairs(tok: MarianTokenizer, src: list[str], tgt: list[str], max_len: int) -> list[tuple[list[int], list[int]]]:
+    pairs = [(tok.encode(s), tok.encode_target(t)) for s, t in zip(src, tgt)]
+    return [(s, t) for s, t in pairs if len(s) <= max_len and len(t) <= max_len]
+
+
+@torch.no_grad()
+def validation_nll(model: MarianModel, pairs, cfg: ModelConfig) -> float:
+    model.eval()
+    total, count = 0.0, 0
+    rng = random.Random(0)
+    for idx in make_batches(pairs, 4096, rng):
+        batch = collate([pairs[i] for i in idx], cfg.pad_token_id, cfg.decoder_start_token_id)
+        _, nll = loss_fn(model, batch, 0.0)
+        total, count = total + float(nll), count + batch.num_tokens
+    model.train()
+    return total / count
+
+
+def train(args: argparse.Namespace, model_cfg: ModelConfig, tcfg: TrainConfig, tok: MarianTokenizer) -> None:
+    d = args.data_dir
+    train_pairs = encode_pairs(tok, read_lines(f"{d}/train.de"), read_lines(f"{d}/train.en"), tcfg.max_length)
+    val_pairs = encode_pairs(tok, read_lines(f"{d}/val.de"), read_lines(f"{d}/val.en"), 10_000)
+    torch.manual_seed(tcfg.seed)
+    model = MarianModel(model_cfg)
+    with torch.no_grad():  # small init as HF (std 0.02); pad row zero (OPUS-MT convention)
+        for name, p in model.named_parameters():
+            if p.requires_grad and p.dim() == 2:
+                p.normal_(0.0, 0.02)
+        model.model.shared.weight[model_cfg.pad_token_id].zero_()
+    logger.info("params: %.2fM, train pairs %d", sum(p.numel() for p in unique_state(model).values()) / 1e6, len(train_pairs))
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=tcfg.peak_lr, betas=(0.9, 0.98), eps=1e-9)
+    rng, step, start, epoch = random.Random(tcfg.seed), 0, time.time(), 0
+    history = []
+    model.train()
+    while time.time() - start < args.minutes * 60 and not os.path.exists(os.path.join(args.work_dir, "STOP")):
+        epoch += 1
+        tokens, loss_sum, t0 = 0, 0.0, time.time()
+        for idx in make_batches(train_pairs, tcfg.max_tokens, rng):
+            batch = collate([train_pairs[i] for i in idx], model_cfg.pad_token_id, model_cfg.decoder_start_token_id)
+            step += 1
+            for group in opt.param_groups:
+                group["lr"] = inverse_sqrt_lr(step, tcfg)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                loss, nll = loss_fn(model, batch, tcfg.label_smoothing)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.clip_norm)
+            opt.step()
+            tokens, loss_sum = tokens + batch.num_tokens, loss_sum + float(nll)
+            if time.time() - start > args.minutes * 60:
+                break
+        val = validation_nll(model, val_pairs, model_cfg)
+        history.append({"epoch": epoch, "step": step, "train_nll": loss_sum / tokens, "val_nll": val,
+                        "tok_per_s": tokens / (time.time() - t0), "elapsed_min": (time.time() - start) / 60})
+        logger.info("%s", history[-1])
+        save_file(unique_state(model), os.path.join(args.work_dir, f"epoch{epoch:03d}.safetensors"))
+        with open(os.path.join(args.work_dir, "history.json"), "w") as f:
+            json.dump(history, f, indent=1)
+
+
+def finalize(args: argparse.Namespace, model_cfg: ModelConfig, proto: bytes, vocab: dict[str, int], tcfg: TrainConfig) -> None:
+    """Average the last N epoch checkpoints and save an fp16 HF Marian directory."""
+    names = sorted(n for n in os.listdir(args.work_dir) if n.startswith("epoch") and n.endswith(".safetensors"))
+    chosen = names[-tcfg.average_last:]
+    logger.info("averaging %s", chosen)
+    state = average_states([load_file(os.path.join(args.work_dir, n)) for n in chosen])
+    model = MarianModel(model_cfg)
+    model.load_state_dict(state, strict=False)
+    with torch.no_grad():
+        model.model.shared.weight[model_cfg.pad_token_id].zero_()
+    files = {"source.spm": proto, "target.spm": proto, "vocab.json": json.dumps(vocab, ensure_ascii=False, indent=1).encode()}
+    save_checkpoint(args.out, model, files, dtype=getattr(torch, args.dtype))
+    with open(os.path.join(args.out, "tokenizer_config.json"), "w") as f:
+        json.dump({"source_lang": "de", "target_lang": "en", "model_max_length": 512, "separate_vocabs": False,
+                   "tokenizer_class": "MarianTokenizer"}, f, indent=2)
+    with open(os.path.join(args.out, "training.json"), "w") as f:
+        json.dump({"averaged": chosen, "train_config": tcfg.__repr__(), "args": vars(args),
+                   "history": json.load(open(os.path.join(args.work_dir, "history.json")))}, f, indent=1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", default="../shared/data/multi30k")
+    p.add_argument("--out", default="models/demo-de-en")
+    p.add_argument("--work-dir", default="/tmp/demo-de-en-train")
+    p.add_argument("--minutes", type=float, default=75.0)
+    p.add_argument("--vocab-size", type=int, default=8000)
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--encoder-layers", type=int, default=4)
+    p.add_argument("--decoder-layers", type=int, default=3)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--ffn-dim", type=int, default=1024)
+    p.add_argument("--dropout", type=float, default=0.2)
+    p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--peak-lr", type=float, default=1.5e-3)
+    p.add_argument("--warmup-steps", type=int, default=800)
+    p.add_argument("--average-last", type=int, default=5)
+    p.add_argument("--dtype", default="float16", choices=["float16", "float32"])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
+                   help="bf16 autocast for training matmuls (fp32 master weights)")
+    p.add_argument("--finalize-only", action="store_true")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    torch.set_num_threads(args.threads)
+    os.makedirs(args.work_dir, exist_ok=True)
+    proto, vocab = train_spm(args.data_dir, args.work_dir, args.vocab_size)
+    pad = len(vocab) - 1
+    model_cfg = ModelConfig(vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=args.d_model,
+                            encoder_layers=args.encoder_layers, decoder_layers=args.decoder_layers,
+                            encoder_attention_heads=args.heads, decoder_attention_heads=args.heads,
+                            encoder_ffn_dim=args.ffn_dim, decoder_ffn_dim=args.ffn_dim, activation_function="swish",
+                            max_position_embeddings=512, pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad,
+                            dropout=args.dropout)
+    tcfg = TrainConfig(max_tokens=args.max_tokens, peak_lr=args.peak_lr, warmup_steps=args.warmup_steps,
+                       average_last=args.average_last)
+    if not args.finalize_only:
+        tok = MarianTokenizer(proto, proto, vocab)
+        train(args, model_cfg, tcfg, tok)
+    finalize(args, model_cfg, proto, vocab, tcfg)
+    print(f"saved {args.out}")
+
+
+if __name__ == "__main__":
+    main()

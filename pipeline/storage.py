@@ -1,0 +1,32 @@
+"""fsspec access to model directories and corpora: local paths and ``s3://`` (or any fsspec URL).
+
+S3 endpoint, credentials and region come from the usual AWS environment variables
+(``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``).
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import fsspec
+
+
+def storage_options(url: str) -> dict:
+    """fsspec options for ``url``; for s3 an explicit endpoint from ``AWS_ENDPOINT_URL`` if set."""
+    if url.startswith("s3://"):
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}
+    return {}
+
+
+def model_reader(url: str) -> Callable[[str], bytes | None]:
+    """A ``reader(name) -> bytes | None`` over the checkpoint directory at ``url`` (for workers.checkpoint)."""
+    fs, root = fsspec.core.url_to_fs(url, **storage_options(url))
+
+    def read(name: str) -> bytes | None:
+        path = f"{root.rstrip('/')}/{name}"
+        if not fs.exists(path):
+            return None
+        with fs.open(path, "rb") as f:
+            return f.read()
+    return read

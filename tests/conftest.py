@@ -1,0 +1,29 @@
+"""Shared fixtures: paths to the shipped demo model and to ../shared/data (skip when absent)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("RAYMT_SHARED_DATA", ROOT.parent / "shared" / "data"))
+DEMO_MODEL = ROOT / "models" / "demo-de-en"
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def shared_path(*parts: str) -> Path:
+    """A file under ../shared/data, or skip the test with the reason."""
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"needs {path} (the shared data folder beside the project); not found")
+    return path
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir() -> Path:
+    if not (DEMO_MODEL / "model.safetensors").exists():
+        pytest.skip(f"demo model not found at {DEMO_MODEL}")
+    return DEMO_MODEL

@@ -1,0 +1,1 @@
+"""Pure decoding math: model, checkpoint I/O, tokenizer, search. No ray, fsspec-free math modules."""

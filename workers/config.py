@@ -1,0 +1,88 @@
+"""Frozen configuration dataclasses shared by every layer of the project.
+
+Built once in ``jobs/`` and passed down; each validates itself in ``__post_init__``.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+ACTIVATIONS = ("swish", "silu", "relu", "gelu", "gelu_new")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Shape of a Marian transformer, as HF ``MarianConfig`` describes it."""
+
+    vocab_size: int  # source (and shared) vocabulary
+    decoder_vocab_size: int  # target vocabulary (== vocab_size when shared)
+    d_model: int = 512
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    encoder_attention_heads: int = 8
+    decoder_attention_heads: int = 8
+    encoder_ffn_dim: int = 2048
+    decoder_ffn_dim: int = 2048
+    activation_function: str = "swish"
+    max_position_embeddings: int = 512
+    scale_embedding: bool = True
+    share_encoder_decoder_embeddings: bool = True
+    tie_word_embeddings: bool = True
+    pad_token_id: int = 0
+    eos_token_id: int = 0
+    decoder_start_token_id: int = 0
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.activation_function not in ACTIVATIONS:
+            raise ValueError(f"activation_function {self.activation_function!r} not in {ACTIVATIONS}")
+        for name in ("encoder_attention_heads", "decoder_attention_heads"):
+            if self.d_model % getattr(self, name):
+                raise ValueError(f"d_model {self.d_model} not divisible by {name}")
+        if self.share_encoder_decoder_embeddings and self.vocab_size != self.decoder_vocab_size:
+            raise ValueError("shared embeddings need vocab_size == decoder_vocab_size")
+        for name in ("pad_token_id", "eos_token_id", "decoder_start_token_id"):
+            if not 0 <= getattr(self, name) < self.decoder_vocab_size:
+                raise ValueError(f"{name}={getattr(self, name)} outside target vocabulary")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchConfig:
+    """Decoding options, named as CTranslate2 names them.
+
+    ``max_decoding_length`` caps generated tokens (EOS included); the per-sentence cap is
+    ``min(max_decoding_length, int(max_length_a * source_length + max_length_b))``.
+    ``length_penalty`` is HF/Marian's alpha: a hypothesis scores ``sum_logprob / length**alpha``.
+    """
+
+    beam_size: int = 5
+    num_hypotheses: int = 1
+    length_penalty: float = 1.0
+    max_decoding_length: int = 256
+    max_length_a: float = 0.0
+    max_length_b: int = 256
+    early_stopping: bool = False  # HF semantics: False = heuristic stop, True = stop at K finished
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if not 1 <= self.num_hypotheses <= self.beam_size:
+            raise ValueError(f"num_hypotheses must be in [1, beam_size={self.beam_size}], got {self.num_hypotheses}")
+        if self.max_decoding_length < 1:
+            raise ValueError("max_decoding_length must be >= 1")
+        if self.max_length_a < 0 or self.max_length_b < 1:
+            raise ValueError("max_length_a must be >= 0 and max_length_b >= 1")
+
+    def max_length_for(self, source_length: int) -> int:
+        """Max generated tokens (EOS included) for a source of ``source_length`` tokens."""
+        if self.max_length_a == 0.0:
+            return min(self.max_decoding_length, self.max_length_b)
+        return max(1, min(self.max_decoding_length, int(self.max_length_a * source_length + self.max_length_b)))
+
+    def signature(self) -> str:
+        return (f"beam:{self.beam_size}|nbest:{self.num_hypotheses}|lp:{self.length_penalty}"
+                f"|maxlen:{self.max_length_a}*src+{self.max_length_b}<= {self.max_decoding_length}")

@@ -1,0 +1,287 @@
+"""Marian transformer math, as HF ``MarianMTModel`` defines it, with incremental decoding.
+
+Module names mirror the HF checkpoint keys (``model.encoder.layers.0.self_attn.q_proj.weight``,
+``lm_head.weight``, ``final_logits_bias``), so loading is an identity map (see ``checkpoint.py``).
+
+Post-norm layers, scaled embeddings, static sinusoidal positions, ``final_logits_bias``.
+Decoding keeps a preallocated self-attention KV cache and cross-attention K/V computed once per
+sentence (Devlin et al. 2017, "pre-compute attention", in its transformer form). Every decoder row
+carries its own target position, so rows at different target lengths share one batch.
+
+Dimension letters: B batch, N decoder rows (sentences x beams), S source, T target,
+V vocab, H heads, D head dim, E d_model.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from workers.config import ModelConfig
+
+
+def sinusoidal_table(num_positions: int, dim: int) -> Tensor:
+    """HF ``MarianSinusoidalPositionalEmbedding``: sin in the first half, cos in the second."""
+    pos = torch.arange(num_positions, dtype=torch.float64)[:, None]
+    j = torch.arange(dim, dtype=torch.float64)[None, :]
+    angle = pos / torch.pow(10000.0, 2 * torch.div(j, 2, rounding_mode="floor") / dim)  # (P, E)
+    sentinel = dim // 2 if dim % 2 == 0 else dim // 2 + 1
+    out = torch.empty(num_positions, dim, dtype=torch.float64)
+    out[:, :sentinel] = torch.sin(angle[:, 0::2])
+    out[:, sentinel:] = torch.cos(angle[:, 1::2])
+    return out.float()
+
+
+def activation(name: str):
+    return {"swish": F.silu, "silu": F.silu, "relu": F.relu, "gelu": F.gelu,
+            "gelu_new": lambda x: F.gelu(x, approximate="tanh")}[name]
+
+
+class SinusoidalPositions(nn.Module):
+    """Static position table; a (frozen) parameter so the checkpoint key ``...embed_positions.weight`` maps."""
+
+    def __init__(self, num_positions: int, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(sinusoidal_table(num_positions, dim), requires_grad=False)
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model: int, num_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.dropout = num_heads, d_model // num_heads, dropout
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def split(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+
+    def merge(self, x: Tensor) -> Tensor:
+        b, _, t, _ = x.shape
+        return self.out_proj(x.transpose(1, 2).reshape(b, t, -1))  # (B, T, E)
+
+    def forward(self, x: Tensor, kv: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
+        """Full-sequence attention. x (B, T, E), kv (B, S, E), mask (B, 1, T|1, S) bool, True = attend."""
+        q, k, v = self.split(self.q_proj(x)), self.split(self.k_proj(kv)), self.split(self.v_proj(kv))
+        p = self.dropout if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal and mask is None)
+        return self.merge(out)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        e = cfg.d_model
+        self.self_attn = Attention(e, cfg.encoder_attention_heads, cfg.attention_dropout)
+        self.self_attn_layer_norm = nn.LayerNorm(e)
+        self.fc1 = nn.Linear(e, cfg.encoder_ffn_dim)
+        self.fc2 = nn.Linear(cfg.encoder_ffn_dim, e)
+        self.final_layer_norm = nn.LayerNorm(e)
+        self.act = activation(cfg.activation_function)
+        self.dropout, self.activation_dropout = cfg.dropout, cfg.activation_dropout
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """x (B, S, E), mask (B, 1, 1, S)."""
+        h = F.dropout(self.self_attn(x, x, mask), self.dropout, self.training)
+        x = self.self_attn_layer_norm(x + h)
+        h = F.dropout(self.act(self.fc1(x)), self.activation_dropout, self.training)
+        h = F.dropout(self.fc2(h), self.dropout, self.training)
+        return self.final_layer_norm(x + h)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        e = cfg.d_model
+        self.self_attn = Attention(e, cfg.decoder_attention_heads, cfg.attention_dropout)
+        self.self_attn_layer_norm = nn.LayerNorm(e)
+        self.encoder_attn = Attention(e, cfg.decoder_attention_heads, cfg.attention_dropout)
+        self.encoder_attn_layer_norm = nn.LayerNorm(e)
+        self.fc1 = nn.Linear(e, cfg.decoder_ffn_dim)
+        self.fc2 = nn.Linear(cfg.decoder_ffn_dim, e)
+        self.final_layer_norm = nn.LayerNorm(e)
+        self.act = activation(cfg.activation_function)
+        self.dropout, self.activation_dropout = cfg.dropout, cfg.activation_dropout
+
+    def feed_forward(self, x: Tensor) -> Tensor:
+        h = F.dropout(self.act(self.fc1(x)), self.activation_dropout, self.training)
+        h = F.dropout(self.fc2(h), self.dropout, self.training)
+        return self.final_layer_norm(x + h)
+
+    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Teacher-forced. x (B, T, E), memory (B, S, E), src_mask (B, 1, 1, S)."""
+        h = F.dropout(self.self_attn(x, x, None, causal=True), self.dropout, self.training)
+        x = self.self_attn_layer_norm(x + h)
+        h = F.dropout(self.encoder_attn(x, memory, src_mask), self.dropout, self.training)
+        x = self.encoder_attn_layer_norm(x + h)
+        return self.feed_forward(x)
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding) -> None:
+        super().__init__()
+        self.embed_tokens = embed_tokens
+        self.embed_positions = SinusoidalPositions(cfg.max_position_embeddings, cfg.d_model)
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
+        self.dropout = cfg.dropout
+
+    def forward(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
+        """src_ids (B, S) long, src_mask (B, S) bool (True = token) -> memory (B, S, E)."""
+        s = src_ids.shape[1]
+        x = self.embed_tokens(src_ids) * self.embed_scale + self.embed_positions.weight[:s]
+        x = F.dropout(x, self.dropout, self.training)
+        mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x
+
+
+@dataclass
+class DecoderCache:
+    """Per-row decoding state. Rows are (sentence, beam) pairs; each row has its own position.
+
+    self_k/self_v: (L, N, H, T_max, D) preallocated; cross_k/cross_v: (L, N, H, S, D) computed once;
+    src_mask: (N, S) bool.
+    """
+
+    self_k: Tensor
+    self_v: Tensor
+    cross_k: Tensor
+    cross_v: Tensor
+    src_mask: Tensor
+
+    @property
+    def num_rows(self) -> int:
+        return self.src_mask.shape[0]
+
+    @property
+    def max_length(self) -> int:
+        return self.self_k.shape[3]
+
+    def select(self, rows: Tensor, length: int | None = None, cross: bool = True) -> "DecoderCache":
+        """Rows ``rows`` (N',) of this cache, in that order (beam reordering / dropping finished rows).
+
+        Only the first ``length`` self-attention positions are copied (later ones are never read
+        before being written). ``cross=False`` keeps cross-attention K/V as they are: valid when
+        rows are only permuted among the beams of the same sentences.
+        """
+        length = self.max_length if length is None else length
+        shape = list(self.self_k.shape)
+        shape[1] = rows.shape[0]
+        self_k, self_v = self.self_k.new_empty(shape), self.self_v.new_empty(shape)
+        self_k[:, :, :, :length] = self.self_k[:, rows, :, :length]
+        self_v[:, :, :, :length] = self.self_v[:, rows, :, :length]
+        if not cross:
+            return DecoderCache(self_k, self_v, self.cross_k, self.cross_v, self.src_mask)
+        return DecoderCache(self_k, self_v, self.cross_k.index_select(1, rows), self.cross_v.index_select(1, rows),
+                            self.src_mask.index_select(0, rows))
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding) -> None:
+        super().__init__()
+        self.embed_tokens = embed_tokens
+        self.embed_positions = SinusoidalPositions(cfg.max_position_embeddings, cfg.d_model)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
+        self.dropout = cfg.dropout
+
+    def forward(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Teacher-forced. tgt_ids (B, T) -> hidden (B, T, E)."""
+        t = tgt_ids.shape[1]
+        x = self.embed_tokens(tgt_ids) * self.embed_scale + self.embed_positions.weight[:t]
+        x = F.dropout(x, self.dropout, self.training)
+        mask = src_mask[:, None, None, :]
+        for layer in self.layers:
+            x = layer(x, memory, mask)
+        return x
+
+    def init_cache(self, memory: Tensor, src_mask: Tensor, max_length: int) -> DecoderCache:
+        """Cross-attention K/V for every layer, once per sentence. memory (N, S, E), src_mask (N, S)."""
+        n = memory.shape[0]
+        cross_k = torch.stack([l.encoder_attn.split(l.encoder_attn.k_proj(memory)) for l in self.layers])
+        cross_v = torch.stack([l.encoder_attn.split(l.encoder_attn.v_proj(memory)) for l in self.layers])
+        attn = self.layers[0].self_attn
+        shape = (len(self.layers), n, attn.num_heads, max_length, attn.head_dim)
+        self_k = memory.new_zeros(shape)
+        return DecoderCache(self_k, torch.zeros_like(self_k), cross_k, cross_v, src_mask)
+
+    def step(self, tokens: Tensor, positions: Tensor, cache: DecoderCache) -> Tensor:
+        """One incremental step. tokens (N,), positions (N,) -> hidden (N, E); writes K/V at ``positions``."""
+        n = tokens.shape[0]
+        rows = torch.arange(n, device=tokens.device)
+        x = self.embed_tokens(tokens) * self.embed_scale + self.embed_positions.weight[positions]  # (N, E)
+        t = int(positions.max()) + 1
+        self_mask = (torch.arange(t, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]  # (N,1,1,T)
+        cross_mask = cache.src_mask[:, None, None, :]  # (N, 1, 1, S)
+        for i, layer in enumerate(self.layers):
+            sa = layer.self_attn
+            q = sa.split(sa.q_proj(x)[:, None])  # (N, H, 1, D)
+            cache.self_k[i, rows, :, positions] = sa.k_proj(x).view(n, sa.num_heads, sa.head_dim)
+            cache.self_v[i, rows, :, positions] = sa.v_proj(x).view(n, sa.num_heads, sa.head_dim)
+            h = F.scaled_dot_product_attention(q, cache.self_k[i, :, :, :t], cache.self_v[i, :, :, :t], attn_mask=self_mask)
+            x = layer.self_attn_layer_norm(x + sa.merge(h)[:, 0])
+            ca = layer.encoder_attn
+            q = ca.split(ca.q_proj(x)[:, None])
+            h = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], attn_mask=cross_mask)
+            x = layer.encoder_attn_layer_norm(x + ca.merge(h)[:, 0])
+            x = layer.feed_forward(x)
+        return x
+
+
+class MarianInner(nn.Module):
+    """HF's ``model.`` prefix: shared embedding, encoder, decoder."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.shared = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_token_id)
+        if cfg.share_encoder_decoder_embeddings:
+            enc_embed = dec_embed = self.shared
+        else:
+            enc_embed = self.shared
+            dec_embed = nn.Embedding(cfg.decoder_vocab_size, cfg.d_model, padding_idx=cfg.pad_token_id)
+        self.encoder = Encoder(cfg, enc_embed)
+        self.decoder = Decoder(cfg, dec_embed)
+
+
+class MarianModel(nn.Module):
+    """Encoder-decoder with output projection ``lm_head`` (+ ``final_logits_bias``)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = MarianInner(cfg)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.decoder_vocab_size, bias=False)
+        self.register_buffer("final_logits_bias", torch.zeros(1, cfg.decoder_vocab_size))
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.decoder.embed_tokens.weight
+
+    def encode(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
+        """src_ids (B, S), src_mask (B, S) bool -> memory (B, S, E)."""
+        return self.model.encoder(src_ids, src_mask)
+
+    def project(self, hidden: Tensor, candidates: Tensor | None = None) -> Tensor:
+        """hidden (..., E) -> logits (..., V), or (..., C) over candidate ids (C,) (shortlist)."""
+        if candidates is None:
+            return F.linear(hidden, self.lm_head.weight, self.final_logits_bias[0])
+        w = self.lm_head.weight.index_select(0, candidates)  # (C, E)
+        return F.linear(hidden, w, self.final_logits_bias[0].index_select(0, candidates))
+
+    def forward(self, src_ids: Tensor, src_mask: Tensor, tgt_ids: Tensor) -> Tensor:
+        """Teacher-forced logits (B, T, V) for decoder inputs tgt_ids (B, T)."""
+        memory = self.encode(src_ids, src_mask)
+        return self.project(self.model.decoder(tgt_ids, memory, src_mask))
+
+    def init_cache(self, memory: Tensor, src_mask: Tensor, max_length: int) -> DecoderCache:
+        return self.model.decoder.init_cache(memory, src_mask, max_length)
+
+    def decode_step(self, tokens: Tensor, positions: Tensor, cache: DecoderCache,
+                    candidates: Tensor | None = None) -> Tensor:
+        """tokens (N,), positions (N,) -> logits (N, V) (or (N, C) with a shortlist)."""
+        return self.project(self.model.decoder.step(tokens, positions, cache), candidates)

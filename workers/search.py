@@ -1,0 +1,130 @@
+"""Pure beam-search step functions. No model, no IO, inputs never mutated.
+
+The exact search follows HF ``generate`` (transformers >= 4.50 beam search), so our outputs can be
+checked token for token against it:
+
+* every step takes the top ``2K`` continuations over all ``K x V`` (so EOS cannot starve the beam);
+* a candidate that ends (EOS, or reaching the length cap) becomes a finished hypothesis only if it
+  ranks among the first ``K``; the best ``K`` non-ending candidates stay running;
+* finished scores are ``sum_logprob / generated_length ** length_penalty`` (EOS counted);
+* a sentence is done when it holds ``K`` finished hypotheses and its best running beam, normalised
+  at the current length, cannot beat the worst of them (HF's heuristic, ``early_stopping=False``),
+  or, with ``early_stopping=True``, as soon as it holds ``K``.
+
+Dimension letters: B sentences, K beam, V vocab, C = 2K candidates.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+NEG_INF = float("-inf")
+
+
+def normalized_log_probs(logits: Tensor, pad_id: int, force_eos: Tensor | None = None,
+                         eos_id: int = 0) -> Tensor:
+    """logits (N, V) -> float32 log-probs (N, V) with ``<pad>`` banned.
+
+    Rows where ``force_eos`` (N,) is set may only emit EOS, at log-prob 0 (HF's ForcedEOS processor,
+    applied after the log-softmax as in HF beam search).
+    """
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    lp[:, pad_id] = NEG_INF
+    if force_eos is not None and bool(force_eos.any()):
+        forced = torch.full_like(lp, NEG_INF)
+        forced[:, eos_id] = 0.0
+        lp = torch.where(force_eos[:, None], forced, lp)
+    return lp
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Top ``C`` continuations per sentence, sorted best first.
+
+    scores (B, C) cumulative log-probs; beams (B, C) source beam; tokens (B, C) token ids.
+    """
+
+    scores: Tensor
+    beams: Tensor
+    tokens: Tensor
+
+
+def top_candidates(log_probs: Tensor, running_scores: Tensor, num_candidates: int) -> Candidates:
+    """log_probs (B, K, V), running_scores (B, K) -> the best ``num_candidates`` over K*V."""
+    b, k, v = log_probs.shape
+    total = (log_probs + running_scores[:, :, None]).view(b, k * v)  # (B, K*V)
+    scores, flat = torch.topk(total, num_candidates, dim=1)  # (B, C)
+    return Candidates(scores, torch.div(flat, v, rounding_mode="floor"), flat % v)
+
+
+@dataclass(frozen=True)
+class StepSelection:
+    """Outcome of one beam step.
+
+    running: indices (B, K) into the candidates that continue (scores -inf where none is left);
+    finished: mask (B, C) of candidates that end here and may enter the finished pool.
+    """
+
+    running: Tensor
+    running_scores: Tensor
+    finished: Tensor
+
+
+def select_step(cands: Candidates, eos_id: int, at_max_length: Tensor, beam_size: int) -> StepSelection:
+    """Split candidates (sorted best first) into K running beams and finishing hypotheses.
+
+    at_max_length (B,) bool: sentences whose every candidate ends here (length cap reached).
+    """
+    ends = (cands.tokens == eos_id) | at_max_length[:, None]  # (B, C)
+    rank = torch.arange(cands.scores.shape[1], device=ends.device)[None, :]
+    finished = ends & (rank < beam_size) & torch.isfinite(cands.scores)
+    live_scores = cands.scores.masked_fill(ends, NEG_INF)
+    running_scores, running = torch.topk(live_scores, beam_size, dim=1)  # (B, K)
+    return StepSelection(running, running_scores, finished)
+
+
+def length_normalize(score: float, length: int, length_penalty: float) -> float:
+    return score / (length ** length_penalty)
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    tokens: tuple[int, ...]  # generated ids, EOS included when the hypothesis ended with it
+    score: float  # length-normalised
+    log_prob: float  # sum of token log-probs
+
+
+@dataclass
+class FinishedPool:
+    """The best ``capacity`` finished hypotheses of one sentence, best first."""
+
+    capacity: int
+    hyps: list[Hypothesis] = field(default_factory=list)
+
+    def add(self, hyp: Hypothesis) -> None:
+        self.hyps.append(hyp)
+        self.hyps.sort(key=lambda h: -h.score)
+        del self.hyps[self.capacity:]
+
+    @property
+    def full(self) -> bool:
+        return len(self.hyps) >= self.capacity
+
+    @property
+    def worst_score(self) -> float:
+        return self.hyps[-1].score if self.full else NEG_INF
+
+
+def is_done(pool: FinishedPool, best_running_score: float, generated: int, length_penalty: float,
+            early_stopping: bool) -> bool:
+    """HF's stop test for one sentence after ``generated`` tokens."""
+    if not pool.full:
+        return False
+    if early_stopping:
+        return True
+    if not math.isfinite(best_running_score):
+        return True
+    return length_normalize(best_running_score, generated, length_penalty) <= pool.worst_score

@@ -1,0 +1,81 @@
+"""In-process ``Translator``: a checkpoint + search config -> translations of a list of strings.
+
+Sentences are sorted by length and decoded in batches of ``max_batch_size``; results come back
+in input order. Empty input gives an empty translation without running the model.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from workers.checkpoint import Checkpoint, Reader, load_checkpoint, local_reader
+from workers.config import SearchConfig
+from workers.engine import DecodeStats, beam_search, greedy_search
+from workers.search import Hypothesis
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Translation:
+    text: str
+    score: float
+    nbest: tuple[tuple[str, float], ...]  # (text, score), best first
+    tokens: tuple[int, ...]
+
+
+@dataclass
+class Translator:
+    checkpoint: Checkpoint
+    max_batch_size: int = 32
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+    @classmethod
+    def load(cls, model: str | Reader, *, threads: int | None = None, max_batch_size: int = 32) -> "Translator":
+        """``model``: a local directory, or a reader (e.g. ``pipeline.storage.model_reader(url)``)."""
+        if threads:
+            torch.set_num_threads(threads)
+        reader = local_reader(model) if isinstance(model, str) else model
+        return cls(load_checkpoint(reader), max_batch_size=max_batch_size)
+
+    @property
+    def forced_eos(self) -> bool:
+        """Force EOS at the length cap when the checkpoint asks for it (OPUS-MT ``forced_eos_token_id``)."""
+        return self.checkpoint.hf_config.get("forced_eos_token_id") is not None
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        tok = self.checkpoint.tokenizer
+        limit = self.checkpoint.model.config.max_position_embeddings
+        return [tok.encode(t)[:limit] for t in texts]
+
+    def translate_ids(self, sources: list[list[int]], cfg: SearchConfig) -> list[list[Hypothesis]]:
+        """Token ids -> hypotheses (input order). Sorted by length into batches of ``max_batch_size``."""
+        mc = self.checkpoint.model.config
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+        out: list[list[Hypothesis]] = [[] for _ in sources]
+        search = greedy_search if cfg.beam_size == 1 else beam_search
+        for start in range(0, len(order), self.max_batch_size):
+            idx = order[start: start + self.max_batch_size]
+            s = max(len(sources[i]) for i in idx)
+            src_ids = torch.full((len(idx), s), mc.pad_token_id, dtype=torch.long)
+            src_mask = torch.zeros((len(idx), s), dtype=torch.bool)
+            for row, i in enumerate(idx):
+                src_ids[row, : len(sources[i])] = torch.tensor(sources[i])
+                src_mask[row, : len(sources[i])] = True
+            for i, hyps in zip(idx, search(self.checkpoint.model, src_ids, src_mask, cfg,
+                                           forced_eos=self.forced_eos, stats=self.stats)):
+                out[i] = hyps
+        return out
+
+    def translate(self, texts: list[str], cfg: SearchConfig | None = None) -> list[Translation]:
+        cfg = cfg or SearchConfig()
+        tok = self.checkpoint.tokenizer
+        nonempty = [i for i, t in enumerate(texts) if t.strip()]
+        hyps = self.translate_ids(self.encode([texts[i] for i in nonempty]), cfg)
+        out = [Translation("", 0.0, (("", 0.0),), ()) for _ in texts]
+        for i, h in zip(nonempty, hyps):
+            nbest = tuple((tok.decode(list(x.tokens)), x.score) for x in h)
+            out[i] = Translation(nbest[0][0], nbest[0][1], nbest, h[0].tokens)
+        return out
