@@ -84,6 +84,15 @@ def train(args: argparse.Namespace, model_cfg: ModelConfig, tcfg: TrainConfig, t
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=tcfg.peak_lr, betas=(0.9, 0.98), eps=1e-9)
     rng, step, start, epoch = random.Random(tcfg.seed), 0, time.time(), 0
     history = []
+    if args.resume:  # continue from the last epoch checkpoint (Adam moments restart)
+        history = json.load(open(os.path.join(args.work_dir, "history.json")))
+        epoch, step = history[-1]["epoch"], history[-1]["step"]
+        model.load_state_dict(load_file(os.path.join(args.work_dir, f"epoch{epoch:03d}.safetensors")), strict=False)
+        opt_path = os.path.join(args.work_dir, "optimizer.pt")
+        if os.path.exists(opt_path):
+            opt.load_state_dict(torch.load(opt_path, weights_only=True))
+        rng = random.Random(tcfg.seed + epoch)
+        logger.info("resumed at epoch %d, step %d", epoch, step)
     model.train()
     while time.time() - start < args.minutes * 60 and not os.path.exists(os.path.join(args.work_dir, "STOP")):
         epoch += 1
@@ -100,6 +109,9 @@ def train(args: argparse.Namespace, model_cfg: ModelConfig, tcfg: TrainConfig, t
             torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.clip_norm)
             opt.step()
             tokens, loss_sum = tokens + batch.num_tokens, loss_sum + float(nll)
+            if step % 50 == 0:
+                logger.info("step %d lr %.2e train_nll %.3f %.0f tok/s", step, inverse_sqrt_lr(step, tcfg),
+                            loss_sum / tokens, tokens / (time.time() - t0))
             if time.time() - start > args.minutes * 60:
                 break
         val = validation_nll(model, val_pairs, model_cfg)
@@ -107,6 +119,7 @@ def train(args: argparse.Namespace, model_cfg: ModelConfig, tcfg: TrainConfig, t
                         "tok_per_s": tokens / (time.time() - t0), "elapsed_min": (time.time() - start) / 60})
         logger.info("%s", history[-1])
         save_file(unique_state(model), os.path.join(args.work_dir, f"epoch{epoch:03d}.safetensors"))
+        torch.save(opt.state_dict(), os.path.join(args.work_dir, "optimizer.pt"))
         with open(os.path.join(args.work_dir, "history.json"), "w") as f:
             json.dump(history, f, indent=1)
 
@@ -131,6 +144,31 @@ def finalize(args: argparse.Namespace, model_cfg: ModelConfig, proto: bytes, voc
                    "history": json.load(open(os.path.join(args.work_dir, "history.json")))}, f, indent=1)
 
 
+def evaluate(args: argparse.Namespace) -> dict:
+    """sacreBLEU of the saved model on Multi30k test sets, beam 5 and greedy."""
+    import sacrebleu
+
+    from workers.config import SearchConfig
+    from workers.translator import Translator
+
+    translator = Translator.load(args.out, threads=args.threads)
+    scores = {}
+    for name in ("test_2016_flickr", "test_2017_flickr"):
+        src = read_lines(f"{args.data_dir}/{name}.de")
+        ref = read_lines(f"{args.data_dir}/{name}.en")
+        for beam in (5, 1):
+            cfg = SearchConfig(beam_size=beam, max_length_a=1.5, max_length_b=10)
+            hyps = [t.text for t in translator.translate(src, cfg)]
+            bleu = sacrebleu.BLEU()
+            result = bleu.corpus_score(hyps, [ref])
+            scores[f"{name}/beam{beam}"] = {"bleu": round(result.score, 2), "signature": str(bleu.get_signature()),
+                                            "search": cfg.signature()}
+            logger.info("%s beam %d: %s", name, beam, result)
+    with open(os.path.join(args.out, "eval.json"), "w") as f:
+        json.dump(scores, f, indent=1)
+    return scores
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default="../shared/data/multi30k")
@@ -152,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                    help="bf16 autocast for training matmuls (fp32 master weights)")
+    p.add_argument("--resume", action="store_true", help="continue from the work dir's last epoch")
+    p.add_argument("--evaluate", action=argparse.BooleanOptionalAction, default=True,
+                   help="score the saved model on Multi30k test2016/test2017 (writes eval.json)")
     p.add_argument("--finalize-only", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -172,6 +213,9 @@ def main(argv: list[str] | None = None) -> None:
         train(args, model_cfg, tcfg, tok)
     finalize(args, model_cfg, proto, vocab, tcfg)
     print(f"saved {args.out}")
+    if args.evaluate:
+        for key, value in evaluate(args).items():
+            print(f"{key}: BLEU {value['bleu']} ({value['signature']}; {value['search']})")
 
 
 if __name__ == "__main__":

@@ -174,9 +174,15 @@ def load_checkpoint(read: Reader, dtype: torch.dtype = torch.float32) -> Checkpo
 
 
 def unique_state(model: MarianModel) -> dict[str, torch.Tensor]:
-    """One key per tensor, the first HF name of each tied group (``model.shared.weight`` for embeddings)."""
+    """One key per tensor, the first HF name of each tied group (``model.shared.weight`` for embeddings).
+
+    With separate vocabularies HF has no ``model.shared``: the encoder table is saved under
+    ``model.encoder.embed_tokens.weight`` instead.
+    """
     sd = model.state_dict()
-    return {group[0]: sd[group[0]].contiguous() for group in tied_groups(model)}
+    absent_in_hf = () if model.config.share_encoder_decoder_embeddings else ("model.shared.weight",)
+    names = [next(k for k in group if k not in absent_in_hf) for group in tied_groups(model)]
+    return {name: sd[name].contiguous() for name in names}
 
 
 def save_checkpoint(directory: str, model: MarianModel, tokenizer_files: dict[str, bytes],

@@ -1,0 +1,60 @@
+"""Translate a corpus with a Marian / OPUS-MT checkpoint.
+
+    python -m jobs.translate --model models/demo-de-en --input examples/sample.de.txt --output out.en.txt
+
+``--input``: ``.txt`` (one sentence a line) or ``.parquet`` (column ``text``, optional ``id``).
+``--output``: ``.txt`` (one translation a line, input order) or ``.parquet`` (id, source,
+translation, score, n-best, signature). Paths may be local or fsspec URLs (``s3://``).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+from pipeline.corpus import read_corpus, write_translations
+from pipeline.storage import model_reader
+from workers.config import SearchConfig
+from workers.translator import Translator
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="checkpoint directory or fsspec URL")
+    p.add_argument("--input", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("--beam-size", type=int, default=5)
+    p.add_argument("--nbest", type=int, default=1, help="hypotheses kept per sentence (<= beam size)")
+    p.add_argument("--length-penalty", type=float, default=1.0)
+    p.add_argument("--max-length", type=int, default=256, help="absolute cap on generated tokens")
+    p.add_argument("--max-length-a", type=float, default=1.5, help="per-sentence cap a * source_length + b")
+    p.add_argument("--max-length-b", type=int, default=10)
+    p.add_argument("--max-batch-size", type=int, default=32, help="sentences per decoding batch")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")
+    return p
+
+
+def search_config(args: argparse.Namespace) -> SearchConfig:
+    return SearchConfig(beam_size=args.beam_size, num_hypotheses=args.nbest, length_penalty=args.length_penalty,
+                        max_decoding_length=args.max_length, max_length_a=args.max_length_a,
+                        max_length_b=args.max_length_b)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    cfg = search_config(args)
+    corpus = read_corpus(args.input)
+    translator = Translator.load(model_reader(args.model), threads=args.threads or None,
+                                 max_batch_size=args.max_batch_size)
+    start = time.perf_counter()
+    translations = translator.translate(corpus.texts, cfg)
+    elapsed = time.perf_counter() - start
+    write_translations(args.output, corpus, translations, f"model:{args.model}|{cfg.signature()}")
+    tokens = translator.stats.target_tokens
+    print(f"translated {len(corpus.texts)} lines -> {args.output} in {elapsed:.1f}s "
+          f"({tokens / max(elapsed, 1e-9):.0f} target tokens/s) [{cfg.signature()}]")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""The translate job's contract: .txt/.parquet in, .txt/.parquet out, input order, n-best."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobs.translate import main
+from tests.conftest import ROOT
+
+SAMPLE = ROOT / "examples" / "sample.de.txt"
+
+
+def test_txt_to_txt_keeps_line_count_and_order(demo_model_dir, tmp_path):
+    out = tmp_path / "out.en.txt"
+    main(["--model", str(demo_model_dir), "--input", str(SAMPLE), "--output", str(out), "--beam-size", "2"])
+    lines = out.read_text(encoding="utf-8").split("\n")[:-1]
+    sources = SAMPLE.read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(lines) == len(sources)
+    assert all(line.strip() for line in lines)
+    assert "dog" in lines[3].lower()  # "Ein Hund rennt über eine grüne Wiese."
+
+
+def test_parquet_to_parquet_with_ids_and_nbest(demo_model_dir, tmp_path):
+    src = tmp_path / "in.parquet"
+    texts = ["Ein Hund läuft.", "", "Zwei Männer spielen Fußball."]
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": texts}), src)
+    out = tmp_path / "out.parquet"
+    main(["--model", str(demo_model_dir), "--input", str(src), "--output", str(out),
+          "--beam-size", "3", "--nbest", "3"])
+    table = pq.read_table(out).to_pylist()
+    assert [r["id"] for r in table] == ["a", "b", "c"]
+    assert [r["source"] for r in table] == texts
+    assert table[1]["translation"] == ""
+    for row in (table[0], table[2]):
+        assert len(row["nbest"]) == 3
+        assert row["nbest"][0]["text"] == row["translation"]
+        scores = [h["score"] for h in row["nbest"]]
+        assert scores == sorted(scores, reverse=True)
+    assert "beam:3" in table[0]["signature"]
+
+
+def test_missing_text_column_names_columns(demo_model_dir, tmp_path):
+    src = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"sentence": ["Hallo"]}), src)
+    import pytest
+    with pytest.raises(ValueError, match="columns found"):
+        main(["--model", str(demo_model_dir), "--input", str(src), "--output", str(tmp_path / "o.txt")])

@@ -1,0 +1,191 @@
+"""``MarianModel`` incremental decoding against its own teacher-forced forward.
+
+Rows of one batch at different target positions, ``DecoderCache.select`` reordering / duplicating /
+dropping rows, and padded sources of different lengths must all give, row by row, the logits of
+decoding that row alone with the full-sequence forward.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workers.config import ModelConfig
+from workers.model import DecoderCache, MarianModel
+
+V, PAD, EOS = 40, 39, 0
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one intra-op thread (a second one only stalls on sync when cores are shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model() -> MarianModel:
+    cfg = ModelConfig(vocab_size=V, decoder_vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2,
+                      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                      max_position_embeddings=64, pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD)
+    torch.manual_seed(0)
+    m = MarianModel(cfg).eval()
+    with torch.no_grad():
+        m.final_logits_bias.normal_()
+    return m
+
+
+def rand_ids(gen: torch.Generator, n: int) -> list[int]:
+    return torch.randint(1, PAD, (n,), generator=gen).tolist()
+
+
+def batch(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded (B, S) ids and (B, S) bool mask."""
+    s = max(len(r) for r in rows)
+    ids = torch.full((len(rows), s), PAD)
+    mask = torch.zeros((len(rows), s), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), True
+    return ids, mask
+
+
+def alone(model: MarianModel, src: list[int], tgt: list[int]) -> torch.Tensor:
+    """Teacher-forced logits (T, V) of one row decoded by itself, no padding anywhere."""
+    ids = torch.tensor([src])
+    with torch.no_grad():
+        return model(ids, torch.ones_like(ids, dtype=torch.bool), torch.tensor([tgt]))[0]
+
+
+@pytest.fixture(scope="module")
+def rows():
+    """Four sentences: sources of different lengths, decoder inputs (start + tokens) of different lengths."""
+    gen = torch.Generator().manual_seed(1)
+    sources = [rand_ids(gen, n) + [EOS] for n in (9, 2, 5, 7)]
+    targets = [[PAD] + rand_ids(gen, n) for n in (6, 2, 4, 5)]
+    return sources, targets
+
+
+@torch.no_grad()
+def test_padded_sources_match_decoding_each_row_alone(model, rows):
+    sources, targets = rows
+    src, src_mask = batch(sources)
+    tgt, _ = batch(targets)
+    got = model(src, src_mask, tgt)
+    memory = model.encode(src, src_mask)
+    for r, (s, t) in enumerate(zip(sources, targets)):
+        torch.testing.assert_close(got[r, : len(t)], alone(model, s, t), atol=ATOL, rtol=0)
+        ids = torch.tensor([s])
+        torch.testing.assert_close(memory[r, : len(s)], model.encode(ids, torch.ones_like(ids, dtype=torch.bool))[0],
+                                   atol=ATOL, rtol=0)
+
+
+@torch.no_grad()
+def test_decode_step_rows_at_different_positions(model, rows):
+    """Row r starts ``offsets[r]`` steps late, so one batch holds rows at different target positions.
+
+    A row not yet started re-feeds its start token at position 0, a finished row re-feeds its last
+    token at its last position (both rewrite identical K/V); only in-range steps are compared.
+    """
+    sources, targets = rows
+    offsets = [0, 3, 1, 2]
+    src, src_mask = batch(sources)
+    cache = model.init_cache(model.encode(src, src_mask), src_mask, max(len(t) for t in targets))
+    got: list[dict[int, torch.Tensor]] = [{} for _ in rows[0]]
+    distinct_positions = set()
+    for g in range(max(o + len(t) for o, t in zip(offsets, targets))):
+        pos = [min(max(g - o, 0), len(t) - 1) for o, t in zip(offsets, targets)]
+        tokens = torch.tensor([t[p] for t, p in zip(targets, pos)])
+        logits = model.decode_step(tokens, torch.tensor(pos), cache)  # (N, V)
+        distinct_positions.add(len(set(pos)))
+        for r, o in enumerate(offsets):
+            if 0 <= g - o < len(targets[r]):
+                got[r][g - o] = logits[r]
+    assert max(distinct_positions) == len(rows[0])  # some step had every row at its own position
+    for r, (s, t) in enumerate(zip(sources, targets)):
+        steps = torch.stack([got[r][p] for p in range(len(t))])
+        torch.testing.assert_close(steps, alone(model, s, t), atol=ATOL, rtol=0)
+
+
+@torch.no_grad()
+def test_cache_select_reorders_duplicates_and_drops_rows(model, rows):
+    """Decode 3 steps, keep rows [2, 0, 0, 3] (row 1 dropped, row 0 twice), continue with new tokens."""
+    sources, _ = rows
+    gen = torch.Generator().manual_seed(2)
+    prefixes = [[PAD] + rand_ids(gen, 2) for _ in sources]
+    src, src_mask = batch(sources)
+    cache = model.init_cache(model.encode(src, src_mask), src_mask, 8)
+    for step in range(3):
+        model.decode_step(torch.tensor([p[step] for p in prefixes]), torch.full((4,), step), cache)
+    keep = [2, 0, 0, 3]
+    cache = cache.select(torch.tensor(keep), 3)
+    assert cache.num_rows == 4 and cache.max_length == 8
+    cont = [rand_ids(gen, 4) for _ in keep]  # a different continuation for each new row
+    got = []
+    for step in range(4):
+        got.append(model.decode_step(torch.tensor([c[step] for c in cont]), torch.full((4,), 3 + step), cache))
+    got = torch.stack(got, 1)  # (N, T, V)
+    for row, old in enumerate(keep):
+        expected = alone(model, sources[old], prefixes[old] + cont[row])[3:]
+        torch.testing.assert_close(got[row], expected, atol=ATOL, rtol=0)
+
+
+@torch.no_grad()
+def test_cache_select_without_cross_for_beams_of_one_sentence(model, rows):
+    """``cross=False`` (rows permuted among beams of the same sentences) equals a full select."""
+    sources, _ = rows
+    k = 3
+    src, src_mask = batch(sources[:2])
+    memory = model.encode(src, src_mask).repeat_interleave(k, 0)
+    mask = src_mask.repeat_interleave(k, 0)
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(1, PAD, (2 * k, 2), generator=gen)
+    caches = []
+    for cross in (True, False):
+        cache = model.init_cache(memory, mask, 6)
+        for step in range(2):
+            model.decode_step(tokens[:, step], torch.full((2 * k,), step), cache)
+        perm = torch.tensor([2, 2, 0, 4, 3, 3])  # stays within each sentence's beams
+        caches.append(cache.select(perm, 2, cross=cross))
+    nxt = torch.randint(1, PAD, (2 * k,), generator=gen)
+    a = model.decode_step(nxt, torch.full((2 * k,), 2), caches[0])
+    b = model.decode_step(nxt, torch.full((2 * k,), 2), caches[1])
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+@torch.no_grad()
+def test_select_with_rows_at_different_positions(model, rows, monkeypatch):
+    """After ``select(rows, length)`` rows behind others still read (masked) positions up to the
+    furthest row; whatever memory the new cache got there must not leak in, even NaN."""
+    real_new_empty = torch.Tensor.new_empty
+
+    def new_empty_nan(self, *size, **kw):  # uninitialised memory may hold anything
+        return real_new_empty(self, *size, **kw).fill_(float("nan"))
+    monkeypatch.setattr(torch.Tensor, "new_empty", new_empty_nan)
+
+    sources, targets = rows
+    src, src_mask = batch(sources)
+    cache = model.init_cache(model.encode(src, src_mask), src_mask, 8)
+    lengths = [4, 1, 2, 3]  # row r has consumed targets[r][:lengths[r]]
+    for g in range(max(lengths)):
+        pos = [min(g, n - 1) for n in lengths]
+        model.decode_step(torch.tensor([targets[r][p] for r, p in enumerate(pos)]), torch.tensor(pos), cache)
+    keep = [0, 2, 3]
+    cache = cache.select(torch.tensor(keep), max(lengths))
+    pos = torch.tensor([lengths[r] for r in keep])
+    tokens = torch.tensor([targets[r][lengths[r]] for r in keep])
+    got = model.decode_step(tokens, pos, cache)
+    for row, r in enumerate(keep):
+        expected = alone(model, sources[r], targets[r][: lengths[r] + 1])[-1]
+        torch.testing.assert_close(got[row], expected, atol=ATOL, rtol=0)
+
+
+@torch.no_grad()
+def test_init_cache_shapes(model):
+    src, mask = batch([[1, 2, 3, EOS], [4, EOS]])
+    cache = model.init_cache(model.encode(src, mask), mask, 5)
+    assert isinstance(cache, DecoderCache)
+    assert cache.self_k.shape == (2, 2, 4, 5, 8)  # (L, N, H, T, D)
+    assert cache.cross_k.shape == (2, 2, 4, 4, 8)  # (L, N, H, S, D)
+    assert cache.num_rows == 2 and cache.max_length == 5
