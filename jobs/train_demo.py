@@ -169,6 +169,54 @@ def evaluate(args: argparse.Namespace) -> dict:
     return scores
 
 
+def write_model_card(args: argparse.Namespace, scores: dict) -> None:
+    """models/.../README.md: data, config, command, BLEU with sacreBLEU signatures."""
+    info = json.load(open(os.path.join(args.out, "training.json")))
+    config = json.load(open(os.path.join(args.out, "config.json")))
+    hist = info["history"]
+    rows = "\n".join(f"| {k.split('/')[0]} | {k.split('/')[1].removeprefix('beam')} | {v['bleu']:.2f} |"
+                     for k, v in scores.items())
+    signature = next(iter(scores.values()))["signature"]
+    from safetensors.torch import load_file as _load
+    params = sum(t.numel() for k, t in _load(os.path.join(args.out, "model.safetensors")).items()
+                 if "embed_positions" not in k and "final_logits_bias" not in k)
+    card = f"""# demo-de-en: a small Marian transformer, German -> English (Multi30k)
+
+Trained from scratch with this project's own model code (`jobs/train_demo.py`) on the Multi30k
+task-1 training set (29,000 caption pairs; Elliott et al., 2016), validation on Multi30k val.
+Saved in HF Marian / OPUS-MT format (fp16 safetensors); loads in HF transformers and CTranslate2.
+
+## Scores (sacreBLEU)
+
+| test set | beam | BLEU |
+|---|---|---|
+{rows}
+
+Signature: `{signature}`; search: length penalty 1.0, max length 1.5 * source + 10.
+
+## Model
+
+{params / 1e6:.2f}M parameters (tied embeddings): d_model {config['d_model']}, {config['encoder_layers']} encoder +
+{config['decoder_layers']} decoder layers, {config['encoder_attention_heads']} heads, FFN {config['encoder_ffn_dim']},
+{config['activation_function']}, sinusoidal positions, joint sentencepiece unigram vocabulary of
+{config['vocab_size']} entries (`<pad>` last, zero embedding row, decoder start).
+
+## Training
+
+Label smoothing 0.1, Adam (0.9, 0.98), inverse-sqrt schedule (peak {args.peak_lr}, warm-up
+{args.warmup_steps} steps), batches of about {args.max_tokens} tokens, dropout {args.dropout},
+bf16 autocast, 2 CPU threads; {hist[-1]['epoch']} epochs / {hist[-1]['step']} steps; the average
+of the last {len(info['averaged'])} epoch checkpoints. Per-epoch history: `training.json`.
+
+    python -m jobs.train_demo --data-dir ../shared/data/multi30k --out {args.out}
+
+The exact arguments of this model's run (and of any `--resume` continuation) are in
+`training.json`; the scores above come from `eval.json`, written by the same command.
+"""
+    with open(os.path.join(args.out, "README.md"), "w") as f:
+        f.write(card)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default="../shared/data/multi30k")
@@ -214,7 +262,9 @@ def main(argv: list[str] | None = None) -> None:
     finalize(args, model_cfg, proto, vocab, tcfg)
     print(f"saved {args.out}")
     if args.evaluate:
-        for key, value in evaluate(args).items():
+        scores = evaluate(args)
+        write_model_card(args, scores)
+        for key, value in scores.items():
             print(f"{key}: BLEU {value['bleu']} ({value['signature']}; {value['search']})")
 
 

@@ -14,7 +14,7 @@ import time
 
 from pipeline.corpus import read_corpus, write_translations
 from pipeline.storage import model_reader
-from workers.config import SearchConfig
+from workers.config import PruningConfig, SearchConfig
 from workers.translator import Translator
 
 
@@ -30,14 +30,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length-a", type=float, default=1.5, help="per-sentence cap a * source_length + b")
     p.add_argument("--max-length-b", type=int, default=10)
     p.add_argument("--max-batch-size", type=int, default=32, help="sentences per decoding batch")
+    g = p.add_argument_group("beam pruning (Freitag & Al-Onaizan 2017; Yang et al. 2020); all off by default")
+    g.add_argument("--rp", type=float, help="relative threshold: drop p(cand) <= rp * p(best)")
+    g.add_argument("--ap", type=float, help="absolute threshold: drop log p(cand) <= log p(best) - ap")
+    g.add_argument("--rpl", type=float, help="relative local threshold on the last word's probability")
+    g.add_argument("--mc", type=int, help="max candidates per node (same history)")
+    g.add_argument("--delta", type=float, help="absolute threshold against the best candidate, finished ones included")
+    g.add_argument("--early-stop", action="store_true", help="drop beams below the best finished hypothesis")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")
     return p
 
 
 def search_config(args: argparse.Namespace) -> SearchConfig:
+    pruning = PruningConfig(rp=args.rp, ap=args.ap, rpl=args.rpl, mc=args.mc, delta=args.delta,
+                            early_stop=args.early_stop)
     return SearchConfig(beam_size=args.beam_size, num_hypotheses=args.nbest, length_penalty=args.length_penalty,
                         max_decoding_length=args.max_length, max_length_a=args.max_length_a,
-                        max_length_b=args.max_length_b)
+                        max_length_b=args.max_length_b, pruning=pruning)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -51,6 +51,36 @@ class ModelConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class PruningConfig:
+    rp: float | None = None  # in (0, 1]
+    ap: float | None = None  # >= 0, log space
+    rpl: float | None = None  # in (0, 1]
+    mc: int | None = None  # >= 1
+    delta: float | None = None  # >= 0, log space, reference may be finished
+    early_stop: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("rp", "rpl"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 < value <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {value}")
+        for name in ("ap", "delta"):
+            value = getattr(self, name)
+            if value is not None and value < 0.0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if self.mc is not None and self.mc < 1:
+            raise ValueError(f"mc must be >= 1, got {self.mc}")
+
+    @property
+    def active(self) -> bool:
+        return any(v is not None for v in (self.rp, self.ap, self.rpl, self.mc, self.delta)) or self.early_stop
+
+    def signature(self) -> str:
+        parts = [f"{n}:{getattr(self, n)}" for n in ("rp", "ap", "rpl", "mc", "delta") if getattr(self, n) is not None]
+        return "|".join(parts + (["early_stop"] if self.early_stop else [])) or "none"
+
+
+@dataclass(frozen=True, slots=True)
 class SearchConfig:
     """Decoding options, named as CTranslate2 names them.
 
@@ -66,6 +96,7 @@ class SearchConfig:
     max_length_a: float = 0.0
     max_length_b: int = 256
     early_stopping: bool = False  # HF semantics: False = heuristic stop, True = stop at K finished
+    pruning: PruningConfig = PruningConfig()  # all off: exact beam search
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -85,4 +116,5 @@ class SearchConfig:
 
     def signature(self) -> str:
         return (f"beam:{self.beam_size}|nbest:{self.num_hypotheses}|lp:{self.length_penalty}"
-                f"|maxlen:{self.max_length_a}*src+{self.max_length_b}<= {self.max_decoding_length}")
+                f"|maxlen:{self.max_length_a}*src+{self.max_length_b}<= {self.max_decoding_length}"
+                f"|prune:{self.pruning.signature()}")

@@ -13,6 +13,8 @@ from torch import Tensor
 
 from workers.config import SearchConfig
 from workers.model import MarianModel
+from workers.config import PruningConfig
+from workers.pruning import RunningCandidates, keep_mask
 from workers.search import (FinishedPool, Hypothesis, is_done, length_normalize, normalized_log_probs,
                             select_step, top_candidates)
 
@@ -22,12 +24,15 @@ class DecodeStats:
     """Counters of one decoding call (the scheduler issue extends these)."""
 
     steps: int = 0
-    row_steps: int = 0  # decoder rows expanded, summed over steps
+    row_steps: int = 0  # decoder rows expanded (candidates = fan-out), summed over steps
+    sentence_steps: int = 0  # live sentences, summed over steps
     target_tokens: int = 0
+    pruned: int = 0  # running candidates discarded by pruning heuristics
 
 
-def _max_lengths(src_mask: Tensor, cfg: SearchConfig) -> list[int]:
-    return [cfg.max_length_for(int(n)) for n in src_mask.sum(1).tolist()]
+def _max_lengths(src_mask: Tensor, cfg: SearchConfig, positions: int) -> list[int]:
+    """Per-sentence cap on generated tokens, never past the model's position table."""
+    return [min(cfg.max_length_for(int(n)), positions) for n in src_mask.sum(1).tolist()]
 
 
 @torch.inference_mode()
@@ -36,7 +41,7 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
     """Argmax decoding. src_ids, src_mask (B, S) -> one hypothesis per sentence."""
     mc, stats = model.config, stats or DecodeStats()
     b = src_ids.shape[0]
-    max_lens = _max_lengths(src_mask, cfg)
+    max_lens = _max_lengths(src_mask, cfg, mc.max_position_embeddings)
     cache = model.init_cache(model.encode(src_ids, src_mask), src_mask, max(max_lens))
     active = list(range(b))
     last = torch.full((b,), mc.decoder_start_token_id, dtype=torch.long)
@@ -69,52 +74,100 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
     return results
 
 
+@dataclass
+class _Beams:
+    """Beam-search state of the sentences still decoding. Slots are (sentence, beam) pairs laid out
+    row-major as ``j * K + beam``; only live slots (finite running score) own a cache row, in slot order.
+
+    running (B', K) cumulative log-probs (-inf = no candidate); history (B' * K, T) tokens per slot.
+    """
+
+    active: list[int]
+    running: Tensor
+    history: Tensor
+
+    def live_slots(self) -> Tensor:
+        return torch.isfinite(self.running).view(-1).nonzero().flatten()  # (N,)
+
+
+def _finish(beams: _Beams, cands, sel, pools: list[FinishedPool], step: int, k: int, cfg: SearchConfig) -> None:
+    for j, c in sel.finished.nonzero().tolist():
+        total = float(cands.scores[j, c])
+        slot = j * k + int(cands.beams[j, c])
+        tokens = tuple(beams.history[slot, :step].tolist()) + (int(cands.tokens[j, c]),)
+        pools[beams.active[j]].add(Hypothesis(tokens, length_normalize(total, step + 1, cfg.length_penalty), total))
+
+
+def _prune(beams: _Beams, lp: Tensor, cands, sel, pools: list[FinishedPool], pruning: PruningConfig,
+           stats: DecodeStats) -> Tensor:
+    """Running scores (B', K) with the candidates the heuristics discard set to -inf."""
+    running = sel.running_scores
+    if not pruning.active:
+        return running
+    n, k, v = lp.shape
+    source_beam, tokens = cands.beams.gather(1, sel.running), cands.tokens.gather(1, sel.running)
+    word = lp.view(n, k * v).gather(1, source_beam * v + tokens)  # (B', K) last-token log-probs
+    best_finished = torch.tensor([pools[s].best_log_prob for s in beams.active])
+    keep = keep_mask(RunningCandidates(running, word, source_beam, cands.scores[:, 0], best_finished), pruning)
+    stats.pruned += int((torch.isfinite(running) & ~keep).sum())
+    return running.masked_fill(~keep, float("-inf"))
+
+
 @torch.inference_mode()
 def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: SearchConfig,
                 *, forced_eos: bool = True, stats: DecodeStats | None = None) -> list[list[Hypothesis]]:
-    """Exact fixed-width beam search (HF semantics, see ``workers.search``).
+    """Beam search with HF ``generate`` semantics (see ``workers.search``), variable width.
 
+    Only live beams are computed: at step 0 one row per sentence, later at most K, fewer when the
+    ``cfg.pruning`` heuristics discard candidates (with every heuristic off the search is exact).
     src_ids, src_mask (B, S) -> per sentence the ``cfg.num_hypotheses`` best hypotheses, best first.
     """
     mc, stats, k = model.config, stats or DecodeStats(), cfg.beam_size
+    pruning = cfg.pruning
     b = src_ids.shape[0]
-    max_lens = _max_lengths(src_mask, cfg)
+    max_lens = _max_lengths(src_mask, cfg, mc.max_position_embeddings)
     t_max = max(max_lens)
-    memory = model.encode(src_ids, src_mask)  # (B, S, E)
-    cache = model.init_cache(memory.repeat_interleave(k, 0), src_mask.repeat_interleave(k, 0), t_max)
-    active = list(range(b))
+    cache = model.init_cache(model.encode(src_ids, src_mask), src_mask, t_max)  # one live beam per sentence
     pools = [FinishedPool(k) for _ in range(b)]
-    last = torch.full((b * k,), mc.decoder_start_token_id, dtype=torch.long)  # (N,) with N = B*K
-    history = torch.full((b * k, t_max), mc.pad_token_id, dtype=torch.long)  # (N, T)
-    running = torch.zeros(b, k)
-    running[:, 1:] = float("-inf")  # all beams start equal: expand only the first
+    running = torch.full((b, k), float("-inf"))
+    running[:, 0] = 0.0
+    beams = _Beams(list(range(b)), running, torch.full((b * k, t_max), mc.pad_token_id, dtype=torch.long))
+    last = torch.full((b,), mc.decoder_start_token_id, dtype=torch.long)  # (N,) one per live slot
     for step in range(t_max):
-        n = len(active)
-        at_max = torch.tensor([step + 1 >= max_lens[s] for s in active])  # (B',)
-        logits = model.decode_step(last, torch.full((n * k,), step, dtype=torch.long), cache)  # (N, V)
-        force = at_max.repeat_interleave(k) if forced_eos else None
-        lp = normalized_log_probs(logits, mc.pad_token_id, force, mc.eos_token_id).view(n, k, -1)
-        cands = top_candidates(lp, running, 2 * k)
+        n, live = len(beams.active), beams.live_slots()
+        at_max = torch.tensor([step + 1 >= max_lens[s] for s in beams.active])  # (B',)
+        logits = model.decode_step(last, torch.full((live.numel(),), step, dtype=torch.long), cache)  # (N, V)
+        force = at_max[live // k] if forced_eos else None
+        rows_lp = normalized_log_probs(logits, mc.pad_token_id, force, mc.eos_token_id)  # (N, V)
+        lp = rows_lp.new_full((n * k, rows_lp.shape[1]), float("-inf"))
+        lp[live] = rows_lp
+        lp = lp.view(n, k, -1)  # (B', K, V)
+        cands = top_candidates(lp, beams.running, 2 * k)
         sel = select_step(cands, mc.eos_token_id, at_max, k)
-        stats.steps, stats.row_steps = stats.steps + 1, stats.row_steps + n * k
-        for j, c in sel.finished.nonzero().tolist():
-            total = float(cands.scores[j, c])
-            row = j * k + int(cands.beams[j, c])
-            tokens = tuple(history[row, :step].tolist()) + (int(cands.tokens[j, c]),)
-            pools[active[j]].add(Hypothesis(tokens, length_normalize(total, step + 1, cfg.length_penalty), total))
-        running = sel.running_scores  # (B', K)
-        source_beam = cands.beams.gather(1, sel.running)  # (B', K)
-        new_tokens = cands.tokens.gather(1, sel.running)  # (B', K)
-        keep = [j for j, s in enumerate(active) if not at_max[j] and not is_done(
-            pools[s], float(running[j, 0]), step + 1, cfg.length_penalty, cfg.early_stopping)]
+        stats.steps += 1
+        stats.row_steps += live.numel()
+        stats.sentence_steps += n
+        _finish(beams, cands, sel, pools, step, k, cfg)
+        running = _prune(beams, lp, cands, sel, pools, pruning, stats)
+        running, order = running.sort(dim=1, descending=True, stable=True)  # pruned slots last
+        keep = [j for j, s in enumerate(beams.active) if not at_max[j] and bool(torch.isfinite(running[j, 0]))
+                and not is_done(pools[s], float(running[j, 0]), step + 1, cfg.length_penalty, cfg.early_stopping)]
         if not keep:
             break
         keep_t = torch.tensor(keep)
-        rows = (keep_t[:, None] * k + source_beam[keep_t]).view(-1)  # (N',) old row of each new row
-        cache = cache.select(rows, step + 1, cross=len(keep) < n)
-        history = history[rows]
-        history[:, step] = new_tokens[keep_t].view(-1)
-        last, running = new_tokens[keep_t].view(-1), running[keep_t]
-        active = [active[j] for j in keep]
+        running = running[keep_t]  # (B'', K)
+        chosen = sel.running.gather(1, order)[keep_t]  # (B'', K) candidate index of each new slot
+        source_slot = keep_t[:, None] * k + cands.beams[keep_t].gather(1, chosen)  # (B'', K)
+        new_tokens = cands.tokens[keep_t].gather(1, chosen)  # (B'', K)
+        new_live = torch.isfinite(running).view(-1)
+        row_of_slot = torch.full((n * k,), -1, dtype=torch.long)
+        row_of_slot[live] = torch.arange(live.numel())
+        rows = row_of_slot[source_slot.view(-1)[new_live]]  # (N',) old cache row of each new live slot
+        same_layout = len(keep) == n and torch.equal(new_live, torch.isfinite(beams.running).view(-1))
+        cache = cache.select(rows, step + 1, cross=not same_layout)
+        history = beams.history[source_slot.view(-1)]
+        history[:, step] = new_tokens.view(-1)
+        beams = _Beams([beams.active[j] for j in keep], running, history)
+        last = new_tokens.view(-1)[new_live]
     stats.target_tokens += sum(len(p.hyps[0].tokens) for p in pools if p.hyps)
     return [p.hyps[: cfg.num_hypotheses] for p in pools]

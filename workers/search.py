@@ -114,6 +114,10 @@ class FinishedPool:
         return len(self.hyps) >= self.capacity
 
     @property
+    def best_log_prob(self) -> float:
+        return max((h.log_prob for h in self.hyps), default=NEG_INF)
+
+    @property
     def worst_score(self) -> float:
         return self.hyps[-1].score if self.full else NEG_INF
 

@@ -46,9 +46,17 @@ class Translator:
         return self.checkpoint.hf_config.get("forced_eos_token_id") is not None
 
     def encode(self, texts: list[str]) -> list[list[int]]:
+        """Source ids with ``</s>``; inputs longer than the model's positions are truncated (EOS kept)."""
         tok = self.checkpoint.tokenizer
         limit = self.checkpoint.model.config.max_position_embeddings
-        return [tok.encode(t)[:limit] for t in texts]
+        out = []
+        for text in texts:
+            ids = tok.encode(text)
+            if len(ids) > limit:
+                logger.warning("truncating a %d-token input to the model's %d positions", len(ids), limit)
+                ids = ids[: limit - 1] + [ids[-1]]
+            out.append(ids)
+        return out
 
     def translate_ids(self, sources: list[list[int]], cfg: SearchConfig) -> list[list[Hypothesis]]:
         """Token ids -> hypotheses (input order). Sorted by length into batches of ``max_batch_size``."""

@@ -267,7 +267,7 @@ def test_beam_batch_with_different_caps(forced_eos: bool) -> None:
     results = decode(beam_search, model, cfg, [(KEY["cap"], n) for n in (4, 1, 6, 2)], forced_eos=forced_eos)
     for result, cap in zip(results, (3, 1, 4, 2)):
         assert_hyps(result, CAP_BEAM[cap, forced_eos], 1.0)
-    assert model.rows_per_step == [8, 6, 4, 2]
+    assert model.rows_per_step == [4, 6, 4, 2]  # step 0 expands only the first (live) beam of each sentence
 
 
 def test_finished_sentences_leave_the_batch() -> None:
@@ -277,8 +277,8 @@ def test_finished_sentences_leave_the_batch() -> None:
     eos_rank, length = decode(beam_search, model, cfg, [(KEY["eos_rank"], 2), (KEY["length"], 4)], stats=stats)
     assert_hyps(eos_rank, [((A, E), .24), ((B, E), .21)], 1.0)
     assert_hyps(length, [((A, C, E), .2565), ((E,), .5)], 1.0)
-    assert model.rows_per_step == [4, 4, 2]
-    assert (stats.steps, stats.row_steps, stats.target_tokens) == (3, 10, 2 + 3)
+    assert model.rows_per_step == [2, 4, 2]  # step 0: one live beam per sentence
+    assert (stats.steps, stats.row_steps, stats.target_tokens) == (3, 8, 2 + 3)
 
 
 def test_greedy_finished_sentences_leave_the_batch() -> None:
