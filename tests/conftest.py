@@ -27,3 +27,12 @@ def demo_model_dir() -> Path:
     if not (DEMO_MODEL / "model.safetensors").exists():
         pytest.skip(f"demo model not found at {DEMO_MODEL}")
     return DEMO_MODEL
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: one intra-op thread (a second one only stalls on sync when cores are shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -22,16 +22,8 @@ from workers.checkpoint import (UnsupportedCheckpoint, config_from_hf, load_chec
 from workers.config import ModelConfig
 from workers.model import MarianModel, sinusoidal_table
 
-pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread (a second one only stalls on sync when cores are shared)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses"),
+              pytest.mark.usefixtures("one_thread")]
 
 
 TINY = dict(d_model=16, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,

@@ -32,7 +32,8 @@ from workers.model import MarianModel
 from workers.translator import Translator
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
+pytestmark = [pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses"),
+              pytest.mark.usefixtures("one_thread")]
 
 NUM_LINES = 50
 MAX_NEW_TOKENS = 20
@@ -40,15 +41,6 @@ EOS_BIAS = 8.0
 TIE_EPS = 1e-5  # n-best entries this close in score may come in either order
 SCORE_TOL = 1e-4
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread (a second one only stalls on sync when cores are shared)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,7 @@ from workers.model import DecoderCache, MarianModel
 V, PAD, EOS = 40, 39, 0
 ATOL = 1e-5
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread (a second one only stalls on sync when cores are shared)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
