@@ -15,8 +15,8 @@ from workers.config import SearchConfig
 from workers.model import MarianModel
 from workers.config import PruningConfig
 from workers.pruning import RunningCandidates, keep_mask
-from workers.search import (FinishedPool, Hypothesis, is_done, length_normalize, normalized_log_probs,
-                            select_step, top_candidates)
+from workers.search import (FinishedPool, Hypothesis, RowTop, is_done, length_normalize,
+                            row_top_log_probs, select_step, top_candidates_from_rows)
 
 
 @dataclass
@@ -52,8 +52,8 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
         n = len(active)
         at_max = torch.tensor([step + 1 >= max_lens[s] for s in active])
         logits = model.decode_step(last, torch.full((n,), step, dtype=torch.long), cache)  # (N, V)
-        lp = normalized_log_probs(logits, mc.pad_token_id, at_max if forced_eos else None, mc.eos_token_id)
-        best_lp, tokens = lp.max(dim=-1)  # (N,)
+        top = row_top_log_probs(logits, 1, mc.pad_token_id, at_max if forced_eos else None, mc.eos_token_id)
+        best_lp, tokens = top.log_probs[:, 0], top.tokens[:, 0]  # (N,)
         sums += best_lp.double()
         history[:, step] = tokens
         stats.steps, stats.row_steps = stats.steps + 1, stats.row_steps + n
@@ -98,15 +98,13 @@ def _finish(beams: _Beams, cands, sel, pools: list[FinishedPool], step: int, k: 
         pools[beams.active[j]].add(Hypothesis(tokens, length_normalize(total, step + 1, cfg.length_penalty), total))
 
 
-def _prune(beams: _Beams, lp: Tensor, cands, sel, pools: list[FinishedPool], pruning: PruningConfig,
+def _prune(beams: _Beams, cands, sel, pools: list[FinishedPool], pruning: PruningConfig,
            stats: DecodeStats) -> Tensor:
     """Running scores (B', K) with the candidates the heuristics discard set to -inf."""
     running = sel.running_scores
     if not pruning.active:
         return running
-    n, k, v = lp.shape
-    source_beam, tokens = cands.beams.gather(1, sel.running), cands.tokens.gather(1, sel.running)
-    word = lp.view(n, k * v).gather(1, source_beam * v + tokens)  # (B', K) last-token log-probs
+    source_beam, word = cands.beams.gather(1, sel.running), cands.word_log_probs.gather(1, sel.running)  # (B', K)
     best_finished = torch.tensor([pools[s].best_log_prob for s in beams.active])
     keep = keep_mask(RunningCandidates(running, word, source_beam, cands.scores[:, 0], best_finished), pruning)
     stats.pruned += int((torch.isfinite(running) & ~keep).sum())
@@ -138,17 +136,19 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
         at_max = torch.tensor([step + 1 >= max_lens[s] for s in beams.active])  # (B',)
         logits = model.decode_step(last, torch.full((live.numel(),), step, dtype=torch.long), cache)  # (N, V)
         force = at_max[live // k] if forced_eos else None
-        rows_lp = normalized_log_probs(logits, mc.pad_token_id, force, mc.eos_token_id)  # (N, V)
-        lp = rows_lp.new_full((n * k, rows_lp.shape[1]), float("-inf"))
-        lp[live] = rows_lp
-        lp = lp.view(n, k, -1)  # (B', K, V)
-        cands = top_candidates(lp, beams.running, 2 * k)
+        top = row_top_log_probs(logits, 2 * k, mc.pad_token_id, force, mc.eos_token_id)  # (N, M)
+        m = top.log_probs.shape[1]
+        slot_lp = top.log_probs.new_full((n * k, m), float("-inf"))
+        slot_tokens = top.tokens.new_zeros((n * k, m))
+        slot_lp[live], slot_tokens[live] = top.log_probs, top.tokens
+        cands = top_candidates_from_rows(RowTop(slot_lp.view(n, k, m), slot_tokens.view(n, k, m)),
+                                         beams.running, 2 * k)
         sel = select_step(cands, mc.eos_token_id, at_max, k)
         stats.steps += 1
         stats.row_steps += live.numel()
         stats.sentence_steps += n
         _finish(beams, cands, sel, pools, step, k, cfg)
-        running = _prune(beams, lp, cands, sel, pools, pruning, stats)
+        running = _prune(beams, cands, sel, pools, pruning, stats)
         running, order = running.sort(dim=1, descending=True, stable=True)  # pruned slots last
         keep = [j for j, s in enumerate(beams.active) if not at_max[j] and bool(torch.isfinite(running[j, 0]))
                 and not is_done(pools[s], float(running[j, 0]), step + 1, cfg.length_penalty, cfg.early_stopping)]

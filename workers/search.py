@@ -41,15 +41,51 @@ def normalized_log_probs(logits: Tensor, pad_id: int, force_eos: Tensor | None =
 
 
 @dataclass(frozen=True)
+class RowTop:
+    """The best ``M`` next tokens of every decoder row: log_probs (N, M) best first, tokens (N, M)."""
+
+    log_probs: Tensor
+    tokens: Tensor
+
+
+def row_top_log_probs(logits: Tensor, num: int, pad_id: int, force_eos: Tensor | None = None,
+                      eos_id: int = 0) -> RowTop:
+    """Fused output step: logits (N, V) -> each row's ``num`` best log-probs, ``<pad>`` banned.
+
+    One pass over the logits for the log-normaliser (``<pad>`` included, as HF normalises before
+    banning) and one top-k; the full (N, V) log-softmax is never materialised (the top-up paper's
+    Algorithm 2 in torch terms). ``num + 1`` are taken so that a banned ``<pad>`` can be dropped.
+    Rows where ``force_eos`` is set get EOS at log-prob 0 and nothing else.
+    """
+    logits = logits.float()
+    n, v = logits.shape
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # (N, 1)
+    values, tokens = torch.topk(logits, min(num + 1, v), dim=1)  # (N, M+1)
+    values = values.masked_fill(tokens == pad_id, NEG_INF)
+    values, order = torch.topk(values, min(num, v), dim=1)  # (N, M): pad (now -inf) sorted out
+    tokens = tokens.gather(1, order)
+    log_probs = values - lse
+    if force_eos is not None and bool(force_eos.any()):
+        forced_lp = torch.full_like(log_probs, NEG_INF)
+        forced_lp[:, 0] = 0.0
+        forced_tok = torch.full_like(tokens, eos_id)
+        log_probs = torch.where(force_eos[:, None], forced_lp, log_probs)
+        tokens = torch.where(force_eos[:, None], forced_tok, tokens)
+    return RowTop(log_probs, tokens)
+
+
+@dataclass(frozen=True)
 class Candidates:
     """Top ``C`` continuations per sentence, sorted best first.
 
-    scores (B, C) cumulative log-probs; beams (B, C) source beam; tokens (B, C) token ids.
+    scores (B, C) cumulative log-probs; beams (B, C) source beam; tokens (B, C) token ids;
+    word_log_probs (B, C) the new token's own log-prob.
     """
 
     scores: Tensor
     beams: Tensor
     tokens: Tensor
+    word_log_probs: Tensor | None = None
 
 
 def top_candidates(log_probs: Tensor, running_scores: Tensor, num_candidates: int) -> Candidates:
@@ -57,7 +93,22 @@ def top_candidates(log_probs: Tensor, running_scores: Tensor, num_candidates: in
     b, k, v = log_probs.shape
     total = (log_probs + running_scores[:, :, None]).view(b, k * v)  # (B, K*V)
     scores, flat = torch.topk(total, num_candidates, dim=1)  # (B, C)
-    return Candidates(scores, torch.div(flat, v, rounding_mode="floor"), flat % v)
+    return Candidates(scores, torch.div(flat, v, rounding_mode="floor"), flat % v,
+                      log_probs.reshape(b, k * v).gather(1, flat))
+
+
+def top_candidates_from_rows(rows: RowTop, running_scores: Tensor, num_candidates: int) -> Candidates:
+    """Per-row bests rows.log_probs / rows.tokens (B, K, M), running_scores (B, K) -> best over K*M.
+
+    Equal to ``top_candidates`` on the full log-probs whenever ``M >= num_candidates``: every
+    sentence-level winner is among its own row's best ``num_candidates``.
+    """
+    b, k, m = rows.log_probs.shape
+    total = (rows.log_probs + running_scores[:, :, None]).view(b, k * m)  # (B, K*M)
+    scores, flat = torch.topk(total, min(num_candidates, k * m), dim=1)  # (B, C)
+    tokens = rows.tokens.reshape(b, k * m).gather(1, flat)
+    words = rows.log_probs.reshape(b, k * m).gather(1, flat)
+    return Candidates(scores, torch.div(flat, m, rounding_mode="floor"), tokens, words)
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ import math
 import pytest
 import torch
 
-from workers.search import (Candidates, FinishedPool, Hypothesis, is_done, length_normalize,
-                            normalized_log_probs, select_step, top_candidates)
+from workers.search import (Candidates, FinishedPool, Hypothesis, RowTop, is_done, length_normalize,
+                            normalized_log_probs, row_top_log_probs, select_step, top_candidates,
+                            top_candidates_from_rows)
 
 INF = math.inf
 EOS, PAD = 0, 5
@@ -226,3 +227,37 @@ def test_is_done_matches_hf_heuristic(pool_scores: list[float], capacity: int, b
 ])
 def test_length_normalize(score: float, length: int, length_penalty: float, expected: float) -> None:
     assert length_normalize(score, length, length_penalty) == pytest.approx(expected)
+
+
+# --------------------------------------------------------------------------- fused output step
+
+@pytest.mark.parametrize("seed, b, k, v", [(0, 1, 1, 7), (1, 3, 4, 50), (2, 2, 5, 11), (3, 4, 3, 1000)])
+def test_fused_row_top_equals_dense_log_softmax_path(seed: int, b: int, k: int, v: int) -> None:
+    """Per-row top-2K + logsumexp picks the same candidates, at the same scores, as log_softmax -> top-k."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(b * k, v, generator=gen) * 3
+    running = torch.randn(b, k, generator=gen).sort(dim=1, descending=True).values
+    running[:, k // 2 + 1:] = float("-inf")
+    pad, eos = v - 1, 0
+    force = torch.zeros(b * k, dtype=torch.bool)
+    force[0] = True
+    before = logits.clone()
+    dense = top_candidates(normalized_log_probs(logits, pad, force, eos).view(b, k, v), running, 2 * k)
+    top = row_top_log_probs(logits, 2 * k, pad, force, eos)
+    fused = top_candidates_from_rows(RowTop(top.log_probs.view(b, k, -1), top.tokens.view(b, k, -1)), running, 2 * k)
+    assert torch.equal(logits, before)
+    finite = torch.isfinite(dense.scores)
+    assert torch.equal(finite, torch.isfinite(fused.scores))
+    assert torch.equal(dense.tokens[finite], fused.tokens[finite])
+    assert torch.equal(dense.beams[finite], fused.beams[finite])
+    assert torch.allclose(dense.scores[finite], fused.scores[finite], atol=1e-5)
+    assert torch.allclose(dense.word_log_probs[finite], fused.word_log_probs[finite], atol=1e-5)
+    assert not bool((fused.tokens[finite] == pad).any())
+
+
+def test_row_top_bans_pad_even_when_it_is_the_best_logit() -> None:
+    logits = torch.tensor([[0.0, 1.0, 9.0, 2.0]])  # pad = 2 has the largest logit
+    top = row_top_log_probs(logits, 2, pad_id=2)
+    assert top.tokens.tolist() == [[3, 1]]
+    lse = torch.logsumexp(logits, dim=-1)  # the normaliser still includes pad
+    assert torch.allclose(top.log_probs, torch.tensor([[2.0, 1.0]]) - lse)
