@@ -37,8 +37,12 @@ def _max_lengths(src_mask: Tensor, cfg: SearchConfig, positions: int) -> list[in
 
 @torch.inference_mode()
 def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: SearchConfig,
-                  *, forced_eos: bool = True, stats: DecodeStats | None = None) -> list[list[Hypothesis]]:
-    """Argmax decoding. src_ids, src_mask (B, S) -> one hypothesis per sentence."""
+                  *, forced_eos: bool = True, candidates: Tensor | None = None,
+                  stats: DecodeStats | None = None) -> list[list[Hypothesis]]:
+    """Argmax decoding. src_ids, src_mask (B, S) -> one hypothesis per sentence.
+
+    ``candidates`` (C,): a shortlist of target ids; the output layer then computes only those.
+    """
     mc, stats = model.config, stats or DecodeStats()
     b = src_ids.shape[0]
     max_lens = _max_lengths(src_mask, cfg, mc.max_position_embeddings)
@@ -51,8 +55,9 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
     for step in range(max(max_lens)):
         n = len(active)
         at_max = torch.tensor([step + 1 >= max_lens[s] for s in active])
-        logits = model.decode_step(last, torch.full((n,), step, dtype=torch.long), cache)  # (N, V)
-        top = row_top_log_probs(logits, 1, mc.pad_token_id, at_max if forced_eos else None, mc.eos_token_id)
+        logits = model.decode_step(last, torch.full((n,), step, dtype=torch.long), cache, candidates)  # (N, V|C)
+        top = row_top_log_probs(logits, 1, mc.pad_token_id, at_max if forced_eos else None, mc.eos_token_id,
+                                candidates)
         best_lp, tokens = top.log_probs[:, 0], top.tokens[:, 0]  # (N,)
         sums += best_lp.double()
         history[:, step] = tokens
@@ -113,11 +118,13 @@ def _prune(beams: _Beams, cands, sel, pools: list[FinishedPool], pruning: Prunin
 
 @torch.inference_mode()
 def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: SearchConfig,
-                *, forced_eos: bool = True, stats: DecodeStats | None = None) -> list[list[Hypothesis]]:
+                *, forced_eos: bool = True, candidates: Tensor | None = None,
+                stats: DecodeStats | None = None) -> list[list[Hypothesis]]:
     """Beam search with HF ``generate`` semantics (see ``workers.search``), variable width.
 
     Only live beams are computed: at step 0 one row per sentence, later at most K, fewer when the
     ``cfg.pruning`` heuristics discard candidates (with every heuristic off the search is exact).
+    ``candidates`` (C,): a shortlist of target ids; the output layer then computes only those.
     src_ids, src_mask (B, S) -> per sentence the ``cfg.num_hypotheses`` best hypotheses, best first.
     """
     mc, stats, k = model.config, stats or DecodeStats(), cfg.beam_size
@@ -134,9 +141,10 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
     for step in range(t_max):
         n, live = len(beams.active), beams.live_slots()
         at_max = torch.tensor([step + 1 >= max_lens[s] for s in beams.active])  # (B',)
-        logits = model.decode_step(last, torch.full((live.numel(),), step, dtype=torch.long), cache)  # (N, V)
+        positions = torch.full((live.numel(),), step, dtype=torch.long)
+        logits = model.decode_step(last, positions, cache, candidates)  # (N, V|C)
         force = at_max[live // k] if forced_eos else None
-        top = row_top_log_probs(logits, 2 * k, mc.pad_token_id, force, mc.eos_token_id)  # (N, M)
+        top = row_top_log_probs(logits, 2 * k, mc.pad_token_id, force, mc.eos_token_id, candidates)  # (N, M)
         m = top.log_probs.shape[1]
         slot_lp = top.log_probs.new_full((n * k, m), float("-inf"))
         slot_tokens = top.tokens.new_zeros((n * k, m))

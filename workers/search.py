@@ -49,18 +49,21 @@ class RowTop:
 
 
 def row_top_log_probs(logits: Tensor, num: int, pad_id: int, force_eos: Tensor | None = None,
-                      eos_id: int = 0) -> RowTop:
+                      eos_id: int = 0, token_ids: Tensor | None = None) -> RowTop:
     """Fused output step: logits (N, V) -> each row's ``num`` best log-probs, ``<pad>`` banned.
 
     One pass over the logits for the log-normaliser (``<pad>`` included, as HF normalises before
     banning) and one top-k; the full (N, V) log-softmax is never materialised (the top-up paper's
     Algorithm 2 in torch terms). ``num + 1`` are taken so that a banned ``<pad>`` can be dropped.
-    Rows where ``force_eos`` is set get EOS at log-prob 0 and nothing else.
+    Rows where ``force_eos`` is set get EOS at log-prob 0 and nothing else. With a shortlist, logits
+    are over candidate positions (N, C) and ``token_ids`` (C,) maps positions to vocabulary ids.
     """
     logits = logits.float()
     n, v = logits.shape
     lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # (N, 1)
     values, tokens = torch.topk(logits, min(num + 1, v), dim=1)  # (N, M+1)
+    if token_ids is not None:
+        tokens = token_ids[tokens]
     values = values.masked_fill(tokens == pad_id, NEG_INF)
     values, order = torch.topk(values, min(num, v), dim=1)  # (N, M): pad (now -inf) sorted out
     tokens = tokens.gather(1, order)

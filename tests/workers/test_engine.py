@@ -58,8 +58,9 @@ class ScriptedModel:
         cross = memory[None, :, None]  # (L, N, H, S, D): sentence key
         return DecoderCache(self_k, torch.zeros_like(self_k), cross, cross.clone(), src_mask)
 
-    def decode_step(self, tokens: Tensor, positions: Tensor, cache: DecoderCache) -> Tensor:
-        """tokens (N,), positions (N,) -> logits (N, V) = log of the scripted distribution."""
+    def decode_step(self, tokens: Tensor, positions: Tensor, cache: DecoderCache,
+                    candidates: Tensor | None = None) -> Tensor:
+        """tokens (N,), positions (N,) -> logits (N, V) = log of the scripted distribution (or (N, C))."""
         n, step = tokens.shape[0], int(positions[0])
         assert cache.num_rows == n and bool((positions == step).all())
         if step == 0:
@@ -71,7 +72,7 @@ class ScriptedModel:
             sentence = int(cache.cross_k[0, row, 0, 0, 0])
             prefix = tuple(int(t) for t in cache.self_k[0, row, 0, 1: step + 1, 0].tolist())
             logits[row] = torch.tensor(self.probs(sentence, prefix), dtype=torch.float64).log()
-        return logits
+        return logits if candidates is None else logits[:, candidates]  # a shortlist: candidate columns only
 
 
 def scripted(tables: dict[int, Table], vocab_size: int = V) -> ProbsFn:
