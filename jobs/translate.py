@@ -13,6 +13,7 @@ import logging
 import time
 
 from pipeline.corpus import read_corpus, write_translations
+from pipeline.shortlists import load_shortlist
 from pipeline.storage import model_reader
 from workers.config import PruningConfig, SearchConfig
 from workers.translator import Translator
@@ -37,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mc", type=int, help="max candidates per node (same history)")
     g.add_argument("--delta", type=float, help="absolute threshold against the best candidate, finished ones included")
     g.add_argument("--early-stop", action="store_true", help="drop beams below the best finished hypothesis")
+    g = p.add_argument_group("shortlist vocabulary (Shi & Knight 2017); see jobs.build_shortlist")
+    g.add_argument("--shortlist", help="lex.s2t (with its .freq) or CTranslate2 .vmap file")
+    g.add_argument("--shortlist-m", type=int, default=50, help="top translations kept per source token")
+    g.add_argument("--shortlist-n", type=int, default=100, help="most frequent target tokens always kept")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")
     return p
 
@@ -56,13 +61,22 @@ def main(argv: list[str] | None = None) -> None:
     corpus = read_corpus(args.input)
     translator = Translator.load(model_reader(args.model), threads=args.threads or None,
                                  max_batch_size=args.max_batch_size)
+    shortlist = None
+    if args.shortlist:
+        shortlist = load_shortlist(args.shortlist, translator.checkpoint.tokenizer, top_m=args.shortlist_m,
+                                   top_n=args.shortlist_n, special_ids=translator.special_target_ids())
     start = time.perf_counter()
-    translations = translator.translate(corpus.texts, cfg)
+    translations = translator.translate(corpus.texts, cfg, shortlist)
     elapsed = time.perf_counter() - start
-    write_translations(args.output, corpus, translations, f"model:{args.model}|{cfg.signature()}")
+    signature = f"model:{args.model}|{cfg.signature()}" + (
+        f"|shortlist:{args.shortlist}:{args.shortlist_m}:{args.shortlist_n}" if args.shortlist else "")
+    write_translations(args.output, corpus, translations, signature)
     tokens = translator.stats.target_tokens
     print(f"translated {len(corpus.texts)} lines -> {args.output} in {elapsed:.1f}s "
-          f"({tokens / max(elapsed, 1e-9):.0f} target tokens/s) [{cfg.signature()}]")
+          f"({tokens / max(elapsed, 1e-9):.0f} target tokens/s) [{signature}]")
+    if translator.shortlist_sizes:
+        sizes = translator.shortlist_sizes
+        print(f"shortlist: {sum(sizes) / len(sizes):.0f} candidates per batch on average (max {max(sizes)})")
 
 
 if __name__ == "__main__":

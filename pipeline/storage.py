@@ -30,3 +30,13 @@ def model_reader(url: str) -> Callable[[str], bytes | None]:
         with fs.open(path, "rb") as f:
             return f.read()
     return read
+
+
+def read_text(url: str) -> str:
+    with fsspec.open(url, "rt", encoding="utf-8", **storage_options(url)) as f:
+        return f.read()
+
+
+def write_text(url: str, text: str) -> None:
+    with fsspec.open(url, "wt", encoding="utf-8", **storage_options(url)) as f:
+        f.write(text)

@@ -14,6 +14,7 @@ from workers.checkpoint import Checkpoint, Reader, load_checkpoint, local_reader
 from workers.config import SearchConfig
 from workers.engine import DecodeStats, beam_search, greedy_search
 from workers.search import Hypothesis
+from workers.shortlist import Shortlist
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ class Translator:
     checkpoint: Checkpoint
     max_batch_size: int = 32
     stats: DecodeStats = field(default_factory=DecodeStats)
+    shortlist_sizes: list[int] = field(default_factory=list)  # candidate-set size of every batch
 
     @classmethod
     def load(cls, model: str | Reader, *, threads: int | None = None, max_batch_size: int = 32) -> "Translator":
@@ -58,8 +60,10 @@ class Translator:
             out.append(ids)
         return out
 
-    def translate_ids(self, sources: list[list[int]], cfg: SearchConfig) -> list[list[Hypothesis]]:
-        """Token ids -> hypotheses (input order). Sorted by length into batches of ``max_batch_size``."""
+    def translate_ids(self, sources: list[list[int]], cfg: SearchConfig,
+                      shortlist: Shortlist | None = None) -> list[list[Hypothesis]]:
+        """Token ids -> hypotheses (input order). Sorted by length into batches of ``max_batch_size``;
+        with a ``shortlist`` each batch decodes over its own candidate set."""
         mc = self.checkpoint.model.config
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         out: list[list[Hypothesis]] = [[] for _ in sources]
@@ -72,16 +76,25 @@ class Translator:
             for row, i in enumerate(idx):
                 src_ids[row, : len(sources[i])] = torch.tensor(sources[i])
                 src_mask[row, : len(sources[i])] = True
-            for i, hyps in zip(idx, search(self.checkpoint.model, src_ids, src_mask, cfg,
-                                           forced_eos=self.forced_eos, stats=self.stats)):
+            candidates = shortlist.candidates([sources[i] for i in idx]) if shortlist else None
+            if candidates is not None:
+                self.shortlist_sizes.append(candidates.numel())
+            for i, hyps in zip(idx, search(self.checkpoint.model, src_ids, src_mask, cfg, forced_eos=self.forced_eos,
+                                           candidates=candidates, stats=self.stats)):
                 out[i] = hyps
         return out
 
-    def translate(self, texts: list[str], cfg: SearchConfig | None = None) -> list[Translation]:
+    def special_target_ids(self) -> tuple[int, ...]:
+        """Targets every shortlist keeps: EOS, UNK and PAD (PAD stays banned; it keeps the normaliser)."""
+        s = self.checkpoint.tokenizer.target_special
+        return (s.eos, s.unk, s.pad)
+
+    def translate(self, texts: list[str], cfg: SearchConfig | None = None,
+                  shortlist: Shortlist | None = None) -> list[Translation]:
         cfg = cfg or SearchConfig()
         tok = self.checkpoint.tokenizer
         nonempty = [i for i, t in enumerate(texts) if t.strip()]
-        hyps = self.translate_ids(self.encode([texts[i] for i in nonempty]), cfg)
+        hyps = self.translate_ids(self.encode([texts[i] for i in nonempty]), cfg, shortlist)
         out = [Translation("", 0.0, (("", 0.0),), ()) for _ in texts]
         for i, h in zip(nonempty, hyps):
             nbest = tuple((tok.decode(list(x.tokens)), x.score) for x in h)

@@ -1,0 +1,72 @@
+"""Build a shortlist table (Shi & Knight 2017) for a model.
+
+    # alignment-based, from a bitext (.txt one sentence a line, or .parquet column text)
+    python -m jobs.build_shortlist --model models/demo-de-en --source train.de --target train.en --output lex.s2t
+    # self-built: translate a monolingual sample with the full vocabulary, align source with output
+    python -m jobs.build_shortlist --model models/demo-de-en --source mono.de --self-built --sample 5000 --output lex.s2t
+    # top-frequency baseline only
+    python -m jobs.build_shortlist --model models/demo-de-en --target train.en --frequency-only --output freq.s2t
+
+``--output`` ending in ``.vmap`` writes a CTranslate2 vocabulary map, anything else Marian's
+``lex.s2t`` (plus ``<output>.freq``, target pieces by frequency).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import time
+
+from pipeline.alignment import SPACES, frequency_table, lexical_table
+from pipeline.corpus import read_corpus
+from pipeline.shortlists import save_table
+from pipeline.storage import model_reader
+from workers.config import SearchConfig
+from workers.translator import Translator
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True)
+    p.add_argument("--source", help="source side (bitext, or monolingual with --self-built)")
+    p.add_argument("--target", help="target side of the bitext")
+    p.add_argument("--output", required=True)
+    p.add_argument("--space", choices=SPACES, default="subword", help="align subword pieces, or words mapped to pieces")
+    p.add_argument("--self-built", action="store_true", help="no bitext: translate --source and align with the output")
+    p.add_argument("--frequency-only", action="store_true", help="top-frequency list only (the TF baseline)")
+    p.add_argument("--sample", type=int, default=0, help="use a random sample of this many lines (0: all)")
+    p.add_argument("--beam-size", type=int, default=5, help="beam for --self-built translations")
+    p.add_argument("--max-per-source", type=int, default=500)
+    p.add_argument("--vmap-top-m", type=int, default=100)
+    p.add_argument("--vmap-top-n", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    translator = Translator.load(model_reader(args.model))
+    tok = translator.checkpoint.tokenizer
+    start = time.perf_counter()
+    if args.frequency_only:
+        if not args.target:
+            p.error("--frequency-only needs --target")
+        table = frequency_table(tok, read_corpus(args.target).texts)
+    else:
+        if not args.source or not (args.target or args.self_built):
+            p.error("give --source and --target, or --source with --self-built")
+        source = read_corpus(args.source).texts
+        target = None if args.self_built else read_corpus(args.target).texts
+        if target is not None and len(target) != len(source):
+            p.error(f"--source has {len(source)} lines, --target {len(target)}")
+        if args.sample and args.sample < len(source):
+            idx = sorted(random.Random(args.seed).sample(range(len(source)), args.sample))
+            source = [source[i] for i in idx]
+            target = None if target is None else [target[i] for i in idx]
+        if target is None:
+            target = [t.text for t in translator.translate(source, SearchConfig(beam_size=args.beam_size))]
+        table = lexical_table(tok, source, target, space=args.space, max_per_source=args.max_per_source)
+    save_table(args.output, table, tok, top_m=args.vmap_top_m, top_n=args.vmap_top_n)
+    print(f"wrote {args.output}: {len(table.translations)} source entries, {len(table.frequent)} frequent targets "
+          f"in {time.perf_counter() - start:.1f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Shortlist files on storage: Marian ``lex.s2t`` (+ ``<path>.freq``, target pieces by frequency)
+or a CTranslate2 vocabulary map (``.vmap``), read into a ``workers.shortlist.Shortlist``."""
+from __future__ import annotations
+
+import fsspec
+
+from pipeline.storage import read_text, storage_options, write_text
+from workers.shortlist import LexicalTable, Shortlist, read_lex_s2t, read_vocab_map, write_lex_s2t, write_vocab_map
+from workers.tokenizer import MarianTokenizer
+
+
+def load_table(url: str, tok: MarianTokenizer) -> LexicalTable:
+    text = read_text(url)
+    if url.endswith(".vmap"):
+        return read_vocab_map(text, tok.source_vocab, tok.target_vocab)
+    freq_url = url + ".freq"
+    fs, path = fsspec.core.url_to_fs(freq_url, **storage_options(freq_url))
+    frequent = []
+    if fs.exists(path):
+        frequent = [tok.target_vocab[p] for p in read_text(freq_url).split("\n") if p in tok.target_vocab]
+    return read_lex_s2t(text, tok.source_vocab, tok.target_vocab, frequent)
+
+
+def load_shortlist(url: str, tok: MarianTokenizer, *, top_m: int, top_n: int,
+                   special_ids: tuple[int, ...]) -> Shortlist:
+    return Shortlist(load_table(url, tok), top_m=top_m, top_n=top_n, special_ids=special_ids)
+
+
+def save_table(url: str, table: LexicalTable, tok: MarianTokenizer, *, top_m: int = 100, top_n: int = 1000) -> None:
+    """``.vmap`` -> CTranslate2 map (cut at top_m / top_n); otherwise lex.s2t + ``.freq``."""
+    source_pieces = {i: p for p, i in tok.source_vocab.items()}
+    target_pieces = {i: p for p, i in tok.target_vocab.items()}
+    if url.endswith(".vmap"):
+        write_text(url, write_vocab_map(table, source_pieces, target_pieces, top_m=top_m, top_n=top_n))
+        return
+    write_text(url, write_lex_s2t(table, source_pieces, target_pieces))
+    write_text(url + ".freq", "\n".join(target_pieces[t] for t in table.frequent) + "\n")
