@@ -1,0 +1,114 @@
+"""Search benchmarks in the shape of the seed papers' tables, on one model and one input.
+
+* Freitag & Al-Onaizan (2017) Table 1: per beam size, no pruning, each heuristic alone, all
+  combined -> BLEU, speed-up, avg fan-out per step, total fan-out per sentence, search errors.
+* Shi & Knight (2017) Table 2: full vocabulary, top-frequency, alignment-based and self-built
+  shortlists -> reference token coverage, BLEU, speed-up, mean shortlist size.
+
+Systems are run interleaved (A B C A B C ...) ``repeats`` times and timed by the median, so a
+noisy shared CPU moves every system alike; ratios, never lone absolute times, are the result.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+
+import sacrebleu
+
+from workers.config import PruningConfig, SearchConfig
+from workers.engine import DecodeStats
+from workers.shortlist import Shortlist, coverage
+from workers.translator import Translator
+
+
+@dataclass
+class SystemRun:
+    name: str
+    cfg: SearchConfig
+    shortlist: Shortlist | None = None
+    seconds: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    shortlist_sizes: list[int] = field(default_factory=list)
+
+    @property
+    def median_seconds(self) -> float:
+        return statistics.median(self.seconds)
+
+
+def run_interleaved(translator: Translator, sources: list[str], systems: list[SystemRun], repeats: int) -> None:
+    """Translate ``sources`` with every system, interleaved, ``repeats`` times (the last run's output is kept)."""
+    ids = translator.encode(sources)
+    tok = translator.checkpoint.tokenizer
+    for _ in range(repeats):
+        for system in systems:
+            translator.stats, translator.shortlist_sizes = DecodeStats(), []
+            start = time.perf_counter()
+            hyps = translator.translate_ids(ids, system.cfg, system.shortlist)
+            system.seconds.append(time.perf_counter() - start)
+            system.texts = [tok.decode(list(h[0].tokens)) for h in hyps]
+            system.scores = [h[0].score for h in hyps]
+            system.stats, system.shortlist_sizes = translator.stats, translator.shortlist_sizes
+
+
+def search_errors(exact: SystemRun, other: SystemRun) -> float:
+    """Share of sentences whose output changed to a worse-scoring one (pruning lost the exact best)."""
+    changed = sum(a != b and sa > sb + 1e-6
+                  for a, b, sa, sb in zip(exact.texts, other.texts, exact.scores, other.scores))
+    return changed / max(len(exact.texts), 1)
+
+
+def pruning_systems(beam: int, heuristics: dict[str, PruningConfig], base: SearchConfig) -> list[SystemRun]:
+    cfg = replace(base, beam_size=beam)
+    systems = [SystemRun(f"beam {beam}, no pruning", cfg)]
+    systems += [SystemRun(f"beam {beam}, {name}", replace(cfg, pruning=p)) for name, p in heuristics.items()]
+    return systems
+
+
+def freitag_rows(systems: list[SystemRun], references: list[str]) -> list[dict]:
+    exact = systems[0]
+    rows = []
+    for s in systems:
+        st = s.stats
+        rows.append({
+            "system": s.name, "pruning": s.cfg.pruning.signature(),
+            "bleu": round(sacrebleu.corpus_bleu(s.texts, [references]).score, 2),
+            "speedup": round(exact.median_seconds / s.median_seconds, 3),
+            "avg_fan_out_per_step": round(st.row_steps / max(st.sentence_steps, 1), 3),
+            "tot_fan_out_per_sent": round(st.row_steps / max(len(s.texts), 1), 2),
+            "search_errors": round(search_errors(exact, s), 4),
+            "pruned": st.pruned, "median_s": round(s.median_seconds, 3)})
+    return rows
+
+
+def sentence_coverage(shortlist: Shortlist, source_ids: list[list[int]], reference_ids: list[list[int]]) -> float:
+    """The paper's TC: reference target tokens covered by each sentence's own candidate set."""
+    covered = sum(coverage(shortlist.candidates([src]), [ref]) * len(ref) for src, ref in zip(source_ids, reference_ids))
+    return covered / max(sum(map(len, reference_ids)), 1)
+
+
+def shortlist_rows(systems: list[SystemRun], references: list[str], source_ids: list[list[int]],
+                   reference_ids: list[list[int]]) -> list[dict]:
+    full = systems[0]
+    rows = []
+    for s in systems:
+        sizes = s.shortlist_sizes
+        cov = 1.0 if s.shortlist is None else sentence_coverage(s.shortlist, source_ids, reference_ids)
+        rows.append({
+            "system": s.name, "coverage": round(cov, 4),
+            "bleu": round(sacrebleu.corpus_bleu(s.texts, [references]).score, 2),
+            "speedup": round(full.median_seconds / s.median_seconds, 3),
+            "mean_shortlist": round(sum(sizes) / len(sizes), 1) if sizes else None,
+            "median_s": round(s.median_seconds, 3)})
+    return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
+    return "\n".join(lines)
