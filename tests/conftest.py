@@ -9,7 +9,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("RAYMT_SHARED_DATA", ROOT.parent / "shared" / "data"))
-DEMO_MODEL = ROOT / "models" / "demo-de-en"
+DEMO_MODEL = Path(os.environ.get("RAYMT_DEMO_MODEL", ROOT / "models" / "demo-de-en"))
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
