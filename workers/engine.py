@@ -61,7 +61,7 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
         best_lp, tokens = top.log_probs[:, 0], top.tokens[:, 0]  # (N,)
         sums += best_lp.double()
         history[:, step] = tokens
-        stats.steps, stats.row_steps = stats.steps + 1, stats.row_steps + n
+        stats.steps, stats.row_steps, stats.sentence_steps = stats.steps + 1, stats.row_steps + n, stats.sentence_steps + n
         ended = (tokens == mc.eos_token_id) | at_max
         for j in ended.nonzero().flatten().tolist():
             total = float(sums[j])

@@ -1,0 +1,113 @@
+"""Speed against the peers: ours (exact, best) vs CTranslate2 (float32, int8) vs HF generate.
+
+    python -m jobs.bench --model models/demo-de-en --out reports/peers            # full (slow)
+    python -m jobs.bench --sets multi30k --lines 64 --beams 2 --repeats 1 --out /tmp/peers   # smoke
+
+Same model, input, beam, length penalty and thread count for every system, in one process,
+interleaved; model loading and a warm-up batch are excluded. Reports target tokens/s (median and
+spread), ours/CT2 and ours/HF ratios, sacreBLEU, peak-RSS growth, FLOPs per target token, achieved
+GFLOP/s and its share of a GEMM probe's peak. Writes ``<out>.md`` and ``<out>.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+
+import torch
+
+from pipeline.bench_peers import PeerRun, ctranslate2_system, gemm_peak_gflops, hf_system, ours, rows, run, work_dir
+from pipeline.bench_search import markdown_table
+from pipeline.shortlists import load_shortlist
+from workers.config import PruningConfig, SearchConfig
+from workers.flops import flops_per_target_token
+from workers.translator import Translator
+
+SETS = {"multi30k": ("multi30k/test_2016_flickr.de", "multi30k/test_2016_flickr.en"),
+        "wmt22": ("wmt22/generaltest2022.de-en.src.de", "wmt22/generaltest2022.de-en.ref.A.en")}
+BEST_PRUNING = PruningConfig(ap=2.5, mc=3)  # provisional until the search benchmark picks defaults
+
+
+def read(path: str, limit: int) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")[:-1]
+    return lines[:limit] if limit else lines
+
+
+def add_flops(table: list[dict], translator: Translator, lines: list[str], beam: int, peak: float,
+              fan_out: float) -> None:
+    tok = translator.checkpoint.tokenizer
+    src_len = sum(len(tok.encode(x)) for x in lines) / len(lines)
+    for row in table:
+        tgt_len = row["target_tokens"] / len(lines) + 1
+        fpt = flops_per_target_token(translator.checkpoint.model.config, source_length=src_len,
+                                     target_length=tgt_len, fan_out=fan_out if row["system"] == "ours-best" else beam)
+        row["mflop_per_token"] = round(fpt / 1e6, 2)
+        row["gflop_per_s"] = round(fpt * row["tokens_per_s"] / 1e9, 2)
+        row["share_of_gemm_peak"] = round(fpt * row["tokens_per_s"] / 1e9 / peak, 4)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="models/demo-de-en")
+    p.add_argument("--data", default="../shared/data")
+    p.add_argument("--sets", default="multi30k,wmt22")
+    p.add_argument("--lines", type=int, default=0)
+    p.add_argument("--beams", default="1,5")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--shortlist", help="table for ours-best (lex.s2t or .vmap); none: pruning only")
+    p.add_argument("--systems", default="ours-exact,ours-best,ct2-float32,ct2-int8,hf")
+    p.add_argument("--out", default="reports/peers")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    torch.set_num_threads(args.threads)
+    translator = Translator.load(args.model, threads=args.threads)
+    best_translator = Translator(translator.checkpoint)  # its own stats: the fan-out of ours-best
+    shortlist = None
+    if args.shortlist:
+        shortlist = load_shortlist(args.shortlist, translator.checkpoint.tokenizer, top_m=50, top_n=100,
+                                   special_ids=translator.special_target_ids())
+    peak = gemm_peak_gflops(args.threads)
+    report = {"model": args.model, "threads": args.threads, "repeats": args.repeats, "gemm_peak_gflops": round(peak, 1),
+              "best": {"pruning": BEST_PRUNING.signature(), "shortlist": args.shortlist}, "tables": {}}
+    md = [f"# Peer benchmark\n\nmodel `{args.model}`, {args.threads} threads, median of {args.repeats} interleaved "
+          f"runs; GEMM probe {peak:.0f} GFLOP/s. Ratios are within one run.\n"]
+    tmp = work_dir()
+    count = lambda text: len(translator.checkpoint.tokenizer.target_spm.encode(text))  # noqa: E731
+    for beam in map(int, args.beams.split(",")):
+        cfg = SearchConfig(beam_size=beam, max_length_a=0.0, max_length_b=256, max_decoding_length=256)
+        best = SearchConfig(beam_size=beam, max_length_a=0.0, max_length_b=256, max_decoding_length=256,
+                            pruning=BEST_PRUNING)
+        factories = {"ours-exact": lambda: ours(translator, cfg), "ours-best": lambda: ours(best_translator, best, shortlist),
+                     "ct2-float32": lambda: ctranslate2_system(args.model, "float32", args.threads, cfg, translator, tmp),
+                     "ct2-int8": lambda: ctranslate2_system(args.model, "int8", args.threads, cfg, translator, tmp),
+                     "hf": lambda: hf_system(args.model, cfg)}
+        systems = [PeerRun(name, factories[name]()) for name in args.systems.split(",")]
+        for name in args.sets.split(","):
+            lines = read(os.path.join(args.data, SETS[name][0]), args.lines)
+            refs = read(os.path.join(args.data, SETS[name][1]), args.lines)
+            for s in systems:
+                s.seconds.clear()
+            best_translator.stats = type(best_translator.stats)()
+            run(systems, lines, args.repeats)
+            fan_out = best_translator.stats.row_steps / max(best_translator.stats.target_tokens, 1)
+            table = rows(systems, refs, count)
+            add_flops(table, translator, lines, beam, peak, fan_out)
+            by_name = {r["system"]: r["tokens_per_s"] for r in table}
+            ratios = {f"{a} / {b}": round(by_name[a] / by_name[b], 3) for a in ("ours-exact", "ours-best")
+                      for b in ("ct2-float32", "ct2-int8", "hf") if a in by_name and b in by_name}
+            report["tables"][f"{name}/beam{beam}"] = {"rows": table, "ratios": ratios}
+            md += [f"## {name}, beam {beam}\n", markdown_table(table), "",
+                   "Ratios: " + ", ".join(f"{k} = {v}" for k, v in ratios.items()), ""]
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out + ".json", "w") as f:
+        json.dump(report, f, indent=1)
+    with open(args.out + ".md", "w") as f:
+        f.write("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

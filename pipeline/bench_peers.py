@@ -1,0 +1,135 @@
+"""Ours vs CTranslate2 vs HF generate: same model, input, beam, threads, in one process, interleaved.
+
+Each system is a ``translate(lines) -> list[str]`` callable built once (model loading and a
+warm-up batch excluded from timing). Runs go A B C A B C ... ``repeats`` times; throughput is
+target tokens (output pieces, re-tokenised with the model's target sentencepiece so every system
+is counted alike) per second, median and spread. Ratios within one run are the result.
+"""
+from __future__ import annotations
+
+import logging
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import sacrebleu
+import torch
+
+from workers.config import SearchConfig
+from workers.shortlist import Shortlist
+from workers.translator import Translator
+
+logger = logging.getLogger(__name__)
+Translate = Callable[[list[str]], list[str]]
+
+
+@dataclass
+class PeerRun:
+    name: str
+    translate: Translate
+    seconds: list[float] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    rss_growth_mb: float = 0.0
+
+
+def ours(translator: Translator, cfg: SearchConfig, shortlist: Shortlist | None = None) -> Translate:
+    return lambda lines: [t.text for t in translator.translate(lines, cfg, shortlist)]
+
+
+def ctranslate2_system(model_dir: str, compute_type: str, threads: int, cfg: SearchConfig,
+                       translator: Translator, work_dir: str) -> Translate:
+    """Convert with ct2-transformers-converter, then translate source pieces + ``</s>`` as CT2's docs do."""
+    import ctranslate2
+
+    out = f"{work_dir}/ct2-{compute_type}"
+    subprocess.run([sys.executable, "-m", "ctranslate2.converters.transformers", "--model", model_dir,
+                    "--output_dir", out, "--quantization", compute_type, "--force"], check=True, capture_output=True)
+    ct2 = ctranslate2.Translator(out, device="cpu", compute_type=compute_type, intra_threads=threads, inter_threads=1)
+    tok = translator.checkpoint.tokenizer
+
+    def translate(lines: list[str]) -> list[str]:
+        pieces = [tok.source_pieces(line) + ["</s>"] for line in lines]
+        results = ct2.translate_batch(pieces, beam_size=cfg.beam_size, length_penalty=cfg.length_penalty,
+                                      max_batch_size=32, max_decoding_length=cfg.max_decoding_length)
+        return [tok.decode([tok.target_vocab.get(p, tok.target_special.unk) for p in r.hypotheses[0]])
+                for r in results]
+    return translate
+
+
+def hf_system(model_dir: str, cfg: SearchConfig, batch_size: int = 32) -> Translate:
+    """HF ``MarianMTModel.generate``, inputs sorted by length, batches of ``batch_size``."""
+    import transformers
+
+    tok = transformers.MarianTokenizer.from_pretrained(model_dir)
+    model = transformers.MarianMTModel.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    def translate(lines: list[str]) -> list[str]:
+        order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
+        out = [""] * len(lines)
+        for start in range(0, len(order), batch_size):
+            idx = order[start: start + batch_size]
+            batch = tok([lines[i] for i in idx], return_tensors="pt", padding=True)
+            with torch.inference_mode():
+                seqs = model.generate(**batch, num_beams=cfg.beam_size, length_penalty=cfg.length_penalty,
+                                      max_new_tokens=cfg.max_decoding_length, do_sample=False,
+                                      bad_words_ids=[[model.config.pad_token_id]])
+            for i, text in zip(idx, tok.batch_decode(seqs, skip_special_tokens=True)):
+                out[i] = text
+        return out
+    return translate
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run(systems: list[PeerRun], lines: list[str], repeats: int, warmup_lines: int = 16) -> None:
+    for system in systems:  # warm-up, excluded; peak-RSS growth is attributed to the first system reaching it
+        before = peak_rss_mb()
+        system.translate(lines[:warmup_lines])
+        system.rss_growth_mb = peak_rss_mb() - before
+    for _ in range(repeats):
+        for system in systems:
+            before = peak_rss_mb()
+            start = time.perf_counter()
+            system.outputs = system.translate(lines)
+            system.seconds.append(time.perf_counter() - start)
+            system.rss_growth_mb += peak_rss_mb() - before
+            logger.info("%s: %.2fs", system.name, system.seconds[-1])
+
+
+def rows(systems: list[PeerRun], references: list[str], count_tokens: Callable[[str], int]) -> list[dict]:
+    out = []
+    for s in systems:
+        tokens = sum(count_tokens(t) for t in s.outputs)
+        rates = [tokens / sec for sec in s.seconds]
+        out.append({"system": s.name, "tokens_per_s": round(statistics.median(rates), 1),
+                    "spread": f"{min(rates):.0f}-{max(rates):.0f}", "target_tokens": tokens,
+                    "bleu": round(sacrebleu.corpus_bleu(s.outputs, [references]).score, 2),
+                    "peak_rss_growth_mb": round(s.rss_growth_mb, 1)})
+    return out
+
+
+def gemm_peak_gflops(threads: int, size: int = 1024, seconds: float = 1.0) -> float:
+    """A small torch GEMM probe: the machine's fp32 matmul rate at ``threads`` threads."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(2):
+        a @ b
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        count += 1
+    elapsed = time.perf_counter() - start
+    torch.set_num_threads(previous)
+    return 2 * size ** 3 * count / elapsed / 1e9
+
+
+def work_dir() -> str:
+    return tempfile.mkdtemp(prefix="raymt-bench-")

@@ -1,0 +1,40 @@
+"""Smoke version of the peer benchmark (the full one is `python -m jobs.bench`)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jobs.bench import main
+from tests.conftest import SHARED_DATA, shared_path
+from workers.config import ModelConfig
+from workers.flops import decoder_flops_per_row_step, flops_per_target_token
+
+
+def test_peer_benchmark_smoke(demo_model_dir, tmp_path):
+    pytest.importorskip("ctranslate2")
+    pytest.importorskip("transformers")
+    shared_path("multi30k", "test_2016_flickr.de")
+    out = tmp_path / "peers"
+    main(["--model", str(demo_model_dir), "--data", str(SHARED_DATA), "--sets", "multi30k", "--lines", "40",
+          "--beams", "1", "--repeats", "1", "--out", str(out)])
+    report = json.loads(out.with_suffix(".json").read_text())
+    table = report["tables"]["multi30k/beam1"]
+    names = [r["system"] for r in table["rows"]]
+    assert names == ["ours-exact", "ours-best", "ct2-float32", "ct2-int8", "hf"]
+    bleu = {r["system"]: r["bleu"] for r in table["rows"]}
+    assert bleu["ours-exact"] == bleu["ct2-float32"] == bleu["hf"]  # greedy: identical outputs
+    assert set(table["ratios"]) >= {"ours-exact / ct2-float32", "ours-exact / hf"}
+    assert all(r["tokens_per_s"] > 0 and 0 < r["share_of_gemm_peak"] for r in table["rows"])
+    assert report["gemm_peak_gflops"] > 0
+
+
+def test_flop_formula_by_hand():
+    cfg = ModelConfig(vocab_size=100, decoder_vocab_size=100, d_model=4, encoder_layers=1, decoder_layers=1,
+                      encoder_attention_heads=1, decoder_attention_heads=1, encoder_ffn_dim=8, decoder_ffn_dim=8,
+                      pad_token_id=99, decoder_start_token_id=99)
+    # self q,k,v,o 8*16 + self attn 4*t*4 + cross q,o 4*16 + cross attn 4*S*4 + ffn 4*4*8, + output 2*4*100
+    assert decoder_flops_per_row_step(cfg, source_length=3, target_position=2) == 128 + 32 + 64 + 48 + 128 + 800
+    assert decoder_flops_per_row_step(cfg, 3, 2, output_size=10) == 128 + 32 + 64 + 48 + 128 + 80
+    assert flops_per_target_token(cfg, source_length=3, target_length=4, fan_out=2) > \
+        flops_per_target_token(cfg, source_length=3, target_length=4, fan_out=1)
