@@ -17,7 +17,16 @@ import os
 
 import torch
 
-from pipeline.bench_peers import PeerRun, ctranslate2_system, gemm_peak_gflops, hf_system, ours, rows, run, work_dir
+from pipeline.bench_peers import (
+    PeerRun,
+    ctranslate2_system,
+    gemm_peak_gflops,
+    hf_system,
+    ours,
+    rows,
+    run,
+    work_dir,
+)
 from pipeline.bench_search import markdown_table
 from pipeline.shortlists import load_shortlist
 from workers.config import PruningConfig, SearchConfig

@@ -17,8 +17,14 @@ import platform
 import torch
 
 from pipeline.alignment import frequency_table, lexical_table
-from pipeline.bench_search import (SystemRun, freitag_rows, markdown_table, pruning_systems, run_interleaved,
-                                   shortlist_rows)
+from pipeline.bench_search import (
+    SystemRun,
+    freitag_rows,
+    markdown_table,
+    pruning_systems,
+    run_interleaved,
+    shortlist_rows,
+)
 from workers.config import PruningConfig, SearchConfig
 from workers.shortlist import Shortlist
 from workers.translator import Translator

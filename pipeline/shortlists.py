@@ -5,7 +5,14 @@ from __future__ import annotations
 import fsspec
 
 from pipeline.storage import read_text, storage_options, write_text
-from workers.shortlist import LexicalTable, Shortlist, read_lex_s2t, read_vocab_map, write_lex_s2t, write_vocab_map
+from workers.shortlist import (
+    LexicalTable,
+    Shortlist,
+    read_lex_s2t,
+    read_vocab_map,
+    write_lex_s2t,
+    write_vocab_map,
+)
 from workers.tokenizer import MarianTokenizer
 
 

@@ -11,12 +11,19 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from workers.config import SearchConfig
+from workers.config import PruningConfig, SearchConfig
 from workers.model import MarianModel
-from workers.config import PruningConfig
 from workers.pruning import RunningCandidates, keep_mask
-from workers.search import (FinishedPool, Hypothesis, RowTop, is_done, length_normalize,
-                            row_top_log_probs, select_step, top_candidates_from_rows)
+from workers.search import (
+    FinishedPool,
+    Hypothesis,
+    RowTop,
+    is_done,
+    length_normalize,
+    row_top_log_probs,
+    select_step,
+    top_candidates_from_rows,
+)
 
 
 @dataclass

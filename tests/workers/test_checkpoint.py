@@ -17,8 +17,15 @@ import torch
 
 from pipeline.storage import model_reader
 from tests.conftest import shared_path
-from workers.checkpoint import (UnsupportedCheckpoint, config_from_hf, load_checkpoint, load_state, local_reader,
-                                save_checkpoint, unique_state)
+from workers.checkpoint import (
+    UnsupportedCheckpoint,
+    config_from_hf,
+    load_checkpoint,
+    load_state,
+    local_reader,
+    save_checkpoint,
+    unique_state,
+)
 from workers.config import ModelConfig
 from workers.model import MarianModel, sinusoidal_table
 

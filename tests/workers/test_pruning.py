@@ -2,13 +2,22 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
-from tests.workers.test_engine import A, B, C, D, E, ScriptedModel, decode, random_tables, scripted
-from dataclasses import replace
-
+from tests.workers.test_engine import (
+    A,
+    B,
+    C,
+    D,
+    E,
+    ScriptedModel,
+    decode,
+    random_tables,
+    scripted,
+)
 from workers.config import PruningConfig, SearchConfig
 from workers.engine import DecodeStats, beam_search
 from workers.pruning import RunningCandidates, keep_mask

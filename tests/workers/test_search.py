@@ -13,9 +13,19 @@ import math
 import pytest
 import torch
 
-from workers.search import (Candidates, FinishedPool, Hypothesis, RowTop, is_done, length_normalize,
-                            normalized_log_probs, row_top_log_probs, select_step, top_candidates,
-                            top_candidates_from_rows)
+from workers.search import (
+    Candidates,
+    FinishedPool,
+    Hypothesis,
+    RowTop,
+    is_done,
+    length_normalize,
+    normalized_log_probs,
+    row_top_log_probs,
+    select_step,
+    top_candidates,
+    top_candidates_from_rows,
+)
 
 INF = math.inf
 EOS, PAD = 0, 5

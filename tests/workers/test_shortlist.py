@@ -1,16 +1,32 @@
 """Shortlist vocabulary: candidate sets, coverage, file formats, and decoding with a shortlist."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
-from tests.workers.test_engine import A, B, C, D, E, PAD, ScriptedModel, decode, random_tables, scripted
+from tests.workers.test_engine import (
+    PAD,
+    A,
+    B,
+    C,
+    D,
+    E,
+    ScriptedModel,
+    decode,
+    random_tables,
+    scripted,
+)
 from workers.config import SearchConfig
 from workers.engine import beam_search, greedy_search
-from workers.shortlist import (LexicalTable, Shortlist, coverage, read_lex_s2t, read_vocab_map, write_lex_s2t,
-                               write_vocab_map)
+from workers.shortlist import (
+    LexicalTable,
+    Shortlist,
+    coverage,
+    read_lex_s2t,
+    read_vocab_map,
+    write_lex_s2t,
+    write_vocab_map,
+)
 
 TABLE = LexicalTable(
     translations={10: [(1, 0.6), (2, 0.3), (3, 0.1)], 11: [(4, 0.9), (1, 0.1)], 12: [(5, 1.0)]},
