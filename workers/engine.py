@@ -78,7 +78,7 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
         if keep.numel() == 0:
             break
         if keep.numel() < n:
-            cache = cache.select(keep, step + 1)
+            cache = cache.select(keep, step + 1, zero_tail=False)  # rows share one position
             active = [active[j] for j in keep.tolist()]
             history, sums = history[keep], sums[keep]
         last = tokens[keep]
@@ -179,7 +179,7 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
         row_of_slot[live] = torch.arange(live.numel())
         rows = row_of_slot[source_slot.view(-1)[new_live]]  # (N',) old cache row of each new live slot
         same_layout = len(keep) == n and torch.equal(new_live, torch.isfinite(beams.running).view(-1))
-        cache = cache.select(rows, step + 1, cross=not same_layout)
+        cache = cache.select(rows, step + 1, cross=not same_layout, zero_tail=False)  # one shared position
         history = beams.history[source_slot.view(-1)]
         history[:, step] = new_tokens.view(-1)
         beams = _Beams([beams.active[j] for j in keep], running, history)

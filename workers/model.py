@@ -164,14 +164,16 @@ class DecoderCache:
     def max_length(self) -> int:
         return self.self_k.shape[3]
 
-    def select(self, rows: Tensor, length: int | None = None, cross: bool = True) -> "DecoderCache":
+    def select(self, rows: Tensor, length: int | None = None, cross: bool = True,
+               zero_tail: bool = True) -> "DecoderCache":
         """Rows ``rows`` (N',) of this cache, in that order (beam reordering / dropping finished rows).
 
         Only the first ``length`` self-attention positions are copied; later ones are zeroed, not
         copied: a row behind the furthest one reads them under its mask, so they must be finite
         (masked NaN/inf garbage would still poison the attention output). ``cross=False`` keeps
         cross-attention K/V as they are: valid when rows are only permuted among the beams of the
-        same sentences.
+        same sentences. ``zero_tail=False`` skips the zeroing when every row is at position
+        ``length`` next (the tail is then written before it is read).
         """
         length = self.max_length if length is None else length
         shape = list(self.self_k.shape)
@@ -179,8 +181,9 @@ class DecoderCache:
         self_k, self_v = self.self_k.new_empty(shape), self.self_v.new_empty(shape)
         self_k[:, :, :, :length] = self.self_k[:, rows, :, :length]
         self_v[:, :, :, :length] = self.self_v[:, rows, :, :length]
-        self_k[:, :, :, length:] = 0
-        self_v[:, :, :, length:] = 0
+        if zero_tail:
+            self_k[:, :, :, length:] = 0
+            self_v[:, :, :, length:] = 0
         if not cross:
             return DecoderCache(self_k, self_v, self.cross_k, self.cross_v, self.src_mask)
         return DecoderCache(self_k, self_v, self.cross_k.index_select(1, rows), self.cross_v.index_select(1, rows),
