@@ -1,0 +1,200 @@
+"""Decoder scheduler: which sentences to admit and which to expand at each step. No torch.
+
+Interface (nano-vllm style): ``add(request)``; ``schedule() -> StepPlan`` (admissions + the
+sentences to expand this step); the engine runs one model step for the planned sentences and calls
+``update(plan, StepOutput) -> finished ids``, which frees their slots so the next ``schedule``
+refills them. Policies:
+
+* ``FIXED`` / ``VAR_BATCH``: admit a batch of ``n`` sentences when none is active, expand all of
+  them until all finish (VAR_BATCH differs only in the search's pruning, not in scheduling);
+* ``VAR_STREAM`` (Yang et al. 2020, Algorithm 1): when at most ``epsilon * n`` sentences remain,
+  refill up to ``n``; expand only the sentences at the minimal current target length (new ones
+  catch up while older ones wait); ``flush_every`` > 0 expands everyone every that many steps so
+  long sentences cannot stay stuck behind a stream of short ones;
+* ``FIFO`` (VAR-STR-FIFO): expand up to capacity starting from the longest (oldest) sentences,
+  admitting whenever capacity is left;
+* ``TOPUP`` (top-up batching, Algorithms 5-6): expand all active sentences; refill from the
+  (encoded-ahead) queue once the batch is at least ``refill_threshold`` empty.
+
+Capacity counts ``sentences``, ``beams`` (live beam width: candidate expansions per step) or
+``tokens`` (source tokens of the active sentences, a memory proxy for cached cross-attention).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Policy(str, Enum):
+    FIXED = "fixed"
+    VAR_BATCH = "var-batch"
+    VAR_STREAM = "var-stream"
+    FIFO = "fifo"
+    TOPUP = "topup"
+
+
+class CapacityUnit(str, Enum):
+    SENTENCES = "sentences"
+    BEAMS = "beams"
+    TOKENS = "tokens"
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    policy: Policy = Policy.FIXED
+    max_batch_sentences: int = 32  # n
+    capacity: int = 32  # in ``capacity_unit``
+    capacity_unit: CapacityUnit = CapacityUnit.SENTENCES
+    beam_size: int = 5  # width a new sentence may grow to (capacity accounting in beams)
+    epsilon: float = 1 / 6  # VAR_STREAM refill threshold
+    refill_threshold: float = 0.5  # TOPUP: refill when at least this share of the batch is empty
+    flush_every: int = 0  # VAR_STREAM: expand every active sentence every that many steps (0: never)
+
+    def __post_init__(self) -> None:
+        if self.max_batch_sentences < 1 or self.capacity < 1 or self.beam_size < 1:
+            raise ValueError("max_batch_sentences, capacity and beam_size must be >= 1")
+        if not 0.0 <= self.epsilon < 1.0:
+            raise ValueError(f"epsilon must be in [0, 1), got {self.epsilon}")
+        if not 0.0 < self.refill_threshold <= 1.0:
+            raise ValueError(f"refill_threshold must be in (0, 1], got {self.refill_threshold}")
+        if self.flush_every < 0:
+            raise ValueError("flush_every must be >= 0")
+
+
+class Status(str, Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    id: int
+    source_length: int
+    width: int = 1  # live beams (1 at admission: the start token)
+    length: int = 0  # target tokens generated so far
+    status: Status = Status.WAITING
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    admit: tuple[int, ...]  # request ids entering the batch this step (then expanded too)
+    expand: tuple[int, ...]  # request ids to run one decoder step for, admitted ones included
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What the engine reports back: finished ids, and the new live width of the others."""
+
+    finished: tuple[int, ...] = ()
+    widths: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class SchedulerStats:
+    steps: int = 0
+    refills: int = 0
+    expansions: int = 0  # sum over steps of the expanded sentences' live widths
+    batch_sizes: list[int] = field(default_factory=list)  # sentences expanded per step
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig) -> None:
+        self.cfg = cfg
+        self.waiting: deque[Request] = deque()
+        self.running: dict[int, Request] = {}  # admission order
+        self.stats = SchedulerStats()
+
+    def add(self, request: Request) -> None:
+        request.status = Status.WAITING
+        self.waiting.append(request)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ capacity
+    def _cost(self, r: Request, admitted: bool) -> int:
+        unit = self.cfg.capacity_unit
+        if unit is CapacityUnit.SENTENCES:
+            return 1
+        if unit is CapacityUnit.BEAMS:
+            return self.cfg.beam_size if admitted else max(r.width, 1)
+        return r.source_length
+
+    def _load(self) -> int:
+        return sum(self._cost(r, admitted=self.cfg.capacity_unit is CapacityUnit.BEAMS) for r in self.running.values())
+
+    def _admit(self, limit_sentences: int) -> list[Request]:
+        """Move waiting requests into the batch while both the sentence limit and capacity allow."""
+        admitted, load = [], self._load()
+        while self.waiting and len(self.running) + len(admitted) < limit_sentences:
+            cost = self._cost(self.waiting[0], admitted=True)
+            if (self.running or admitted) and load + cost > self.cfg.capacity:
+                break
+            r = self.waiting.popleft()
+            r.status, load = Status.RUNNING, load + cost
+            admitted.append(r)
+        for r in admitted:
+            self.running[r.id] = r
+        if admitted:
+            self.stats.refills += 1
+        return admitted
+
+    # ------------------------------------------------------------------ schedule
+    def schedule(self) -> StepPlan:
+        """Algorithm: decide admissions by policy, then which running sentences expand this step."""
+        cfg, n = self.cfg, self.cfg.max_batch_sentences
+        policy = cfg.policy
+        if policy in (Policy.FIXED, Policy.VAR_BATCH):
+            admitted = self._admit(n) if not self.running else []
+        elif policy is Policy.VAR_STREAM:  # refill by m = n(1 - epsilon) once <= epsilon * n remain
+            refill = not self.running or len(self.running) <= cfg.epsilon * n
+            admitted = self._admit(len(self.running) + max(1, round(n * (1 - cfg.epsilon)))) if refill else []
+        elif policy is Policy.TOPUP:
+            empty = 1.0 - len(self.running) / n
+            admitted = self._admit(n) if not self.running or empty >= cfg.refill_threshold else []
+        else:  # FIFO: admit whenever room is left
+            admitted = self._admit(n)
+        expand = self._select(policy)
+        self.stats.steps += 1
+        self.stats.batch_sizes.append(len(expand))
+        self.stats.expansions += sum(self.running[i].width for i in expand)
+        return StepPlan(tuple(r.id for r in admitted), tuple(expand))
+
+    def _select(self, policy: Policy) -> list[int]:
+        running = list(self.running.values())
+        if not running:
+            return []
+        if policy is Policy.VAR_STREAM:
+            flush = self.cfg.flush_every and self.stats.steps % self.cfg.flush_every == self.cfg.flush_every - 1
+            if not flush:
+                shortest = min(r.length for r in running)
+                running = [r for r in running if r.length == shortest]
+        elif policy is Policy.FIFO:
+            chosen, load = [], 0
+            for r in sorted(running, key=lambda r: -r.length):  # longest (oldest) first; stable in admission order
+                cost = self._cost(r, admitted=False)
+                if chosen and load + cost > self.cfg.capacity:
+                    continue
+                chosen.append(r)
+                load += cost
+            chosen_ids = {r.id for r in chosen}
+            running = [r for r in running if r.id in chosen_ids]  # back to admission order
+        return [r.id for r in running]
+
+    # ------------------------------------------------------------------ update
+    def update(self, plan: StepPlan, out: StepOutput) -> list[int]:
+        """Advance expanded sentences by one token, record widths, free the finished."""
+        for rid in plan.expand:
+            r = self.running[rid]
+            r.length += 1
+            if rid in out.widths:
+                r.width = out.widths[rid]
+        finished = []
+        for rid in out.finished:
+            r = self.running.pop(rid)
+            r.status = Status.FINISHED
+            finished.append(rid)
+        return finished
