@@ -110,14 +110,15 @@ def _finish(beams: _Beams, cands, sel, pools: list[FinishedPool], step: int, k: 
         pools[beams.active[j]].add(Hypothesis(tokens, length_normalize(total, step + 1, cfg.length_penalty), total))
 
 
-def _prune(beams: _Beams, cands, sel, pools: list[FinishedPool], pruning: PruningConfig,
-           stats: DecodeStats) -> Tensor:
-    """Running scores (B', K) with the candidates the heuristics discard set to -inf."""
+def prune_running(cands, sel, best_finished: Tensor, pruning: PruningConfig, stats: DecodeStats) -> Tensor:
+    """Running scores (B', K) with the candidates the heuristics discard set to -inf.
+
+    best_finished (B',): raw log-prob of each sentence's best finished hypothesis (-inf if none).
+    """
     running = sel.running_scores
     if not pruning.active:
         return running
     source_beam, word = cands.beams.gather(1, sel.running), cands.word_log_probs.gather(1, sel.running)  # (B', K)
-    best_finished = torch.tensor([pools[s].best_log_prob for s in beams.active])
     keep = keep_mask(RunningCandidates(running, word, source_beam, cands.scores[:, 0], best_finished), pruning)
     stats.pruned += int((torch.isfinite(running) & ~keep).sum())
     return running.masked_fill(~keep, float("-inf"))
@@ -163,7 +164,8 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
         stats.row_steps += live.numel()
         stats.sentence_steps += n
         _finish(beams, cands, sel, pools, step, k, cfg)
-        running = _prune(beams, cands, sel, pools, pruning, stats)
+        best_finished = torch.tensor([pools[s].best_log_prob for s in beams.active])
+        running = prune_running(cands, sel, best_finished, pruning, stats)
         running, order = running.sort(dim=1, descending=True, stable=True)  # pruned slots last
         keep = [j for j, s in enumerate(beams.active) if not at_max[j] and bool(torch.isfinite(running[j, 0]))
                 and not is_done(pools[s], float(running[j, 0]), step + 1, cfg.length_penalty, cfg.early_stopping)]

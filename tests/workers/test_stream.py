@@ -1,0 +1,93 @@
+"""Streaming decoding: every scheduler policy returns exactly what batch beam search returns."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from workers.config import ModelConfig, PruningConfig, SearchConfig
+from workers.engine import DecodeStats, beam_search
+from workers.model import MarianModel
+from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
+from workers.stream import StreamDecoder
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+V, PAD, EOS = 60, 59, 0
+
+
+@pytest.fixture(scope="module")
+def model() -> MarianModel:
+    torch.manual_seed(3)
+    m = MarianModel(ModelConfig(vocab_size=V, decoder_vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2,
+                                encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                decoder_ffn_dim=64, pad_token_id=PAD, decoder_start_token_id=PAD)).eval()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if p.requires_grad and "layer_norm" not in name:
+                p.normal_(0, 0.15)
+        m.final_logits_bias[0, EOS] = 4.0  # a mix of early EOS (lengths 1..12) and length-capped outputs
+    return m
+
+
+@pytest.fixture(scope="module")
+def sources() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(2, 14, (40,), generator=gen).tolist()
+    return [torch.randint(1, PAD, (n - 1,), generator=gen).tolist() + [EOS] for n in lengths]
+
+
+def batch_reference(model, sources, cfg, batch_size: int = 7):
+    out = []
+    for start in range(0, len(sources), batch_size):
+        chunk = sources[start: start + batch_size]
+        s = max(map(len, chunk))
+        ids = torch.full((len(chunk), s), PAD, dtype=torch.long)
+        mask = torch.zeros_like(ids, dtype=torch.bool)
+        for i, x in enumerate(chunk):
+            ids[i, : len(x)], mask[i, : len(x)] = torch.tensor(x), True
+        out += beam_search(model, ids, mask, cfg)
+    return out
+
+
+def same(a, b) -> bool:
+    return all([h.tokens for h in x] == [h.tokens for h in y] and
+               all(abs(h.score - g.score) < 1e-4 for h, g in zip(x, y)) for x, y in zip(a, b))
+
+
+SEARCH = SearchConfig(beam_size=4, num_hypotheses=2, max_length_a=1.0, max_length_b=3, max_decoding_length=16)
+
+
+@pytest.mark.parametrize("policy, unit, capacity", [
+    (Policy.FIXED, CapacityUnit.SENTENCES, 6), (Policy.VAR_STREAM, CapacityUnit.SENTENCES, 6),
+    (Policy.FIFO, CapacityUnit.BEAMS, 14), (Policy.TOPUP, CapacityUnit.SENTENCES, 6),
+    (Policy.TOPUP, CapacityUnit.TOKENS, 40)])
+def test_every_policy_equals_batch_beam_search(model, sources, policy, unit, capacity):
+    sched = SchedulerConfig(policy=policy, max_batch_sentences=6, capacity=capacity, capacity_unit=unit,
+                            beam_size=SEARCH.beam_size, epsilon=1 / 3, flush_every=5)
+    decoder = StreamDecoder(model, SEARCH, sched, forced_eos=True)
+    streamed = decoder.decode(sources)
+    assert same(streamed, batch_reference(model, sources, SEARCH))
+    caps = [SEARCH.max_length_for(len(x)) for x in sources]
+    natural = sum(len(r[0].tokens) < cap for r, cap in zip(streamed, caps))
+    assert 5 <= natural <= len(sources) - 5  # both paths exercised: EOS before the cap, and capped
+    stats = decoder.scheduler.stats
+    assert stats.steps == len(stats.batch_sizes) and stats.refills >= 1
+    assert max(stats.batch_sizes) <= 6
+
+
+def test_var_stream_equals_var_batch_with_pruning(model, sources):
+    cfg = replace(SEARCH, pruning=PruningConfig(ap=1.5, mc=2))
+    var_batch = StreamDecoder(model, cfg, SchedulerConfig(policy=Policy.VAR_BATCH, max_batch_sentences=6,
+                                                          capacity=6, beam_size=4)).decode(sources)
+    var_stream = StreamDecoder(model, cfg, SchedulerConfig(policy=Policy.VAR_STREAM, max_batch_sentences=6,
+                                                           capacity=6, beam_size=4, epsilon=1 / 6)).decode(sources)
+    assert same(var_stream, var_batch)
+    assert same(var_batch, batch_reference(model, sources, cfg))
+
+
+def test_stream_with_shortlist_of_whole_vocabulary_is_unchanged(model, sources):
+    sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=5, capacity=5, beam_size=4)
+    plain = StreamDecoder(model, SEARCH, sched).decode(sources[:12])
+    listed = StreamDecoder(model, SEARCH, sched, candidates=torch.arange(V)).decode(sources[:12])
+    assert same(plain, listed)
