@@ -16,6 +16,7 @@ from pipeline.corpus import read_corpus, write_translations
 from pipeline.shortlists import load_shortlist
 from pipeline.storage import model_reader
 from workers.config import PruningConfig, SearchConfig
+from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from workers.translator import Translator
 
 
@@ -38,6 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mc", type=int, help="max candidates per node (same history)")
     g.add_argument("--delta", type=float, help="absolute threshold against the best candidate, finished ones included")
     g.add_argument("--early-stop", action="store_true", help="drop beams below the best finished hypothesis")
+    g = p.add_argument_group("batching (Yang et al. 2020 VAR-STREAM; top-up batching)")
+    g.add_argument("--batching", choices=["batch", *[x.value for x in Policy]], default="batch",
+                   help="batch: length-sorted batches decoded to the end; otherwise the streaming decoder")
+    g.add_argument("--epsilon", type=float, default=1 / 6, help="var-stream refill threshold")
+    g.add_argument("--refill-threshold", type=float, default=0.5, help="topup: refill once this share is empty")
+    g.add_argument("--capacity", type=int, default=0, help="streaming capacity (0: --max-batch-size sentences)")
+    g.add_argument("--capacity-unit", choices=[x.value for x in CapacityUnit], default="sentences")
+    g.add_argument("--flush-every", type=int, default=0, help="var-stream: expand all sentences every N steps")
     g = p.add_argument_group("shortlist vocabulary (Shi & Knight 2017); see jobs.build_shortlist")
     g.add_argument("--shortlist", help="lex.s2t (with its .freq) or CTranslate2 .vmap file")
     g.add_argument("--shortlist-m", type=int, default=50, help="top translations kept per source token")
@@ -54,6 +63,15 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
                         max_length_b=args.max_length_b, pruning=pruning)
 
 
+def scheduler_config(args: argparse.Namespace) -> SchedulerConfig | None:
+    if args.batching == "batch":
+        return None
+    return SchedulerConfig(policy=Policy(args.batching), max_batch_sentences=args.max_batch_size,
+                           capacity=args.capacity or args.max_batch_size, capacity_unit=CapacityUnit(args.capacity_unit),
+                           beam_size=args.beam_size, epsilon=args.epsilon, refill_threshold=args.refill_threshold,
+                           flush_every=args.flush_every)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -66,9 +84,10 @@ def main(argv: list[str] | None = None) -> None:
         shortlist = load_shortlist(args.shortlist, translator.checkpoint.tokenizer, top_m=args.shortlist_m,
                                    top_n=args.shortlist_n, special_ids=translator.special_target_ids())
     start = time.perf_counter()
-    translations = translator.translate(corpus.texts, cfg, shortlist)
+    batching = scheduler_config(args)
+    translations = translator.translate(corpus.texts, cfg, shortlist, batching)
     elapsed = time.perf_counter() - start
-    signature = f"model:{args.model}|{cfg.signature()}" + (
+    signature = f"model:{args.model}|{cfg.signature()}|batching:{args.batching}" + (
         f"|shortlist:{args.shortlist}:{args.shortlist_m}:{args.shortlist_n}" if args.shortlist else "")
     write_translations(args.output, corpus, translations, signature)
     tokens = translator.stats.target_tokens

@@ -54,7 +54,9 @@ class StreamDecoder:
     @torch.inference_mode()
     def decode(self, sources: list[list[int]]) -> list[list[Hypothesis]]:
         """Source id lists -> per sentence the ``num_hypotheses`` best hypotheses (input order)."""
-        k, mc = self.search.beam_size, self.model.config
+        if not sources:
+            return []
+        mc = self.model.config
         max_lens = [min(self.search.max_length_for(len(s)), mc.max_position_embeddings) for s in sources]
         self.cache = self._empty_cache(max(len(s) for s in sources), max(max_lens))
         self.free = list(range(self.schedule.max_batch_sentences))

@@ -13,8 +13,10 @@ import torch
 from workers.checkpoint import Checkpoint, Reader, load_checkpoint, local_reader
 from workers.config import SearchConfig
 from workers.engine import DecodeStats, beam_search, greedy_search
+from workers.scheduler import SchedulerConfig, SchedulerStats
 from workers.search import Hypothesis
 from workers.shortlist import Shortlist
+from workers.stream import StreamDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +35,8 @@ class Translator:
     max_batch_size: int = 32
     stats: DecodeStats = field(default_factory=DecodeStats)
     shortlist_sizes: list[int] = field(default_factory=list)  # candidate-set size of every batch
+    sort_by_length: bool = True  # streaming: feed sources sorted by length (bucketing) or as given
+    scheduler_stats: SchedulerStats | None = None  # of the last streaming call
 
     @classmethod
     def load(cls, model: str | Reader, *, threads: int | None = None, max_batch_size: int = 32) -> "Translator":
@@ -60,10 +64,17 @@ class Translator:
             out.append(ids)
         return out
 
-    def translate_ids(self, sources: list[list[int]], cfg: SearchConfig,
-                      shortlist: Shortlist | None = None) -> list[list[Hypothesis]]:
-        """Token ids -> hypotheses (input order). Sorted by length into batches of ``max_batch_size``;
-        with a ``shortlist`` each batch decodes over its own candidate set."""
+    def translate_ids(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None = None,
+                      batching: SchedulerConfig | None = None) -> list[list[Hypothesis]]:
+        """Token ids -> hypotheses (input order).
+
+        Without ``batching``: sorted by length into batches of ``max_batch_size``, each decoded to
+        the end (with a ``shortlist``, over its own candidate set). With ``batching``: the streaming
+        decoder under that scheduler policy, over the length-sorted sources (one candidate set for
+        the whole call when a shortlist is given: rows of any sentences share the output layer).
+        """
+        if batching is not None:
+            return self._stream(sources, cfg, shortlist, batching)
         mc = self.checkpoint.model.config
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         out: list[list[Hypothesis]] = [[] for _ in sources]
@@ -84,17 +95,32 @@ class Translator:
                 out[i] = hyps
         return out
 
+    def _stream(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
+                batching: SchedulerConfig) -> list[list[Hypothesis]]:
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i])) if self.sort_by_length else list(range(len(sources)))
+        candidates = shortlist.candidates(sources) if shortlist else None
+        if candidates is not None:
+            self.shortlist_sizes.append(candidates.numel())
+        decoder = StreamDecoder(self.checkpoint.model, cfg, batching, forced_eos=self.forced_eos,
+                                candidates=candidates, stats=self.stats)
+        hyps = decoder.decode([sources[i] for i in order])
+        self.scheduler_stats = decoder.scheduler.stats
+        out: list[list[Hypothesis]] = [[] for _ in sources]
+        for i, h in zip(order, hyps):
+            out[i] = h
+        return out
+
     def special_target_ids(self) -> tuple[int, ...]:
         """Targets every shortlist keeps: EOS, UNK and PAD (PAD stays banned; it keeps the normaliser)."""
         s = self.checkpoint.tokenizer.target_special
         return (s.eos, s.unk, s.pad)
 
-    def translate(self, texts: list[str], cfg: SearchConfig | None = None,
-                  shortlist: Shortlist | None = None) -> list[Translation]:
+    def translate(self, texts: list[str], cfg: SearchConfig | None = None, shortlist: Shortlist | None = None,
+                  batching: SchedulerConfig | None = None) -> list[Translation]:
         cfg = cfg or SearchConfig()
         tok = self.checkpoint.tokenizer
         nonempty = [i for i, t in enumerate(texts) if t.strip()]
-        hyps = self.translate_ids(self.encode([texts[i] for i in nonempty]), cfg, shortlist)
+        hyps = self.translate_ids(self.encode([texts[i] for i in nonempty]), cfg, shortlist, batching)
         out = [Translation("", 0.0, (("", 0.0),), ()) for _ in texts]
         for i, h in zip(nonempty, hyps):
             nbest = tuple((tok.decode(list(x.tokens)), x.score) for x in h)

@@ -45,3 +45,13 @@ def test_missing_text_column_names_columns(demo_model_dir, tmp_path):
     import pytest
     with pytest.raises(ValueError, match="columns found"):
         main(["--model", str(demo_model_dir), "--input", str(src), "--output", str(tmp_path / "o.txt")])
+
+
+def test_streaming_batching_gives_the_batch_output(demo_model_dir, tmp_path):
+    outputs = {}
+    for mode in ("batch", "var-stream", "topup"):
+        out = tmp_path / f"{mode}.txt"
+        main(["--model", str(demo_model_dir), "--input", str(SAMPLE), "--output", str(out), "--beam-size", "3",
+              "--batching", mode, "--max-batch-size", "4"])
+        outputs[mode] = out.read_text(encoding="utf-8")
+    assert outputs["var-stream"] == outputs["batch"] == outputs["topup"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from workers.config import ModelConfig, PruningConfig, SearchConfig
-from workers.engine import DecodeStats, beam_search
+from workers.engine import beam_search
 from workers.model import MarianModel
 from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from workers.stream import StreamDecoder
