@@ -1,0 +1,148 @@
+"""Batching benchmark: VAR-STREAM paper Tables 1/4 and the top-up paper's comparison, on our model.
+
+    python -m jobs.bench_batching --model models/demo-de-en --out reports/batching          # full (slow)
+    python -m jobs.bench_batching --lines 48 --beams 4 --repeats 1 --out /tmp/batching      # smoke
+
+Input: WMT22 de-en (long-tailed lengths), sorted by length (bucketed, as the paper does) and
+shuffled. Systems per beam k: GREEDY, FIXED (exact beam), VAR-BATCH, VAR-STREAM, VAR-STR-FIFO
+(pruning delta/M as the paper: 1.5 / 5) -> BLEU, wall-clock ratio vs FIXED, timesteps, candidate
+expansions, expansions per step. Top-up table: mini-batch (input order), maxi-batch (length-sorted
+batches) and top-up streaming, exact beam. Interleaved repetitions, median times.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+
+import sacrebleu
+
+from pipeline.bench_search import markdown_table
+from workers.config import PruningConfig, SearchConfig
+from workers.engine import DecodeStats
+from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
+from workers.translator import Translator
+
+
+@dataclass
+class Run:
+    name: str
+    cfg: SearchConfig
+    batching: SchedulerConfig | None
+    sort: bool = True
+    seconds: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    timesteps: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+def run_all(translator: Translator, sources: list[str], runs: list[Run], repeats: int) -> None:
+    ids = translator.encode(sources)
+    tok = translator.checkpoint.tokenizer
+    for _ in range(repeats):
+        for r in runs:
+            translator.stats, translator.sort_by_length = DecodeStats(), r.sort
+            batch = translator.max_batch_size
+            if r.batching is None and not r.sort:  # mini-batch in input order
+                order = list(range(len(ids)))
+                start, hyps = time.perf_counter(), []
+                for i in range(0, len(order), batch):
+                    hyps += translator.translate_ids([ids[j] for j in order[i:i + batch]], r.cfg)
+            else:
+                start = time.perf_counter()
+                hyps = translator.translate_ids(ids, r.cfg, batching=r.batching)
+            r.seconds.append(time.perf_counter() - start)
+            r.texts = [tok.decode(list(h[0].tokens)) for h in hyps]
+            r.stats = translator.stats
+            sched = translator.scheduler_stats if r.batching is not None else None
+            r.timesteps = sched.steps if sched else translator.stats.steps
+            r.batch_sizes = sched.batch_sizes if sched else []
+
+
+def table(runs: list[Run], refs: list[str], baseline: str) -> list[dict]:
+    base = next(r for r in runs if r.name == baseline)
+    rows = []
+    for r in runs:
+        expansions = r.stats.row_steps
+        rows.append({"system": r.name, "bleu": round(sacrebleu.corpus_bleu(r.texts, [refs]).score, 2),
+                     "wall_ratio": round(statistics.median(r.seconds) / statistics.median(base.seconds), 3),
+                     "timesteps": r.timesteps, "expansions": expansions,
+                     "expansions_per_step": round(expansions / max(r.timesteps, 1), 1),
+                     "median_s": round(statistics.median(r.seconds), 3)})
+    return rows
+
+
+def systems(beam: int, n: int, epsilon: float, max_length: int) -> list[Run]:
+    exact = SearchConfig(beam_size=beam, max_length_a=1.5, max_length_b=10, max_decoding_length=max_length)
+    pruned = replace(exact, pruning=PruningConfig(delta=1.5, mc=min(5, beam)))
+    sched = SchedulerConfig(max_batch_sentences=n, capacity=n, beam_size=beam, epsilon=epsilon)
+    fifo = replace(sched, policy=Policy.FIFO, capacity=n * beam, capacity_unit=CapacityUnit.BEAMS)
+    return [Run("GREEDY", replace(exact, beam_size=1), None), Run("FIXED", exact, None),
+            Run("VAR-BATCH", pruned, replace(sched, policy=Policy.VAR_BATCH)),
+            Run("VAR-STREAM", pruned, replace(sched, policy=Policy.VAR_STREAM)),
+            Run("VAR-STR-FIFO", pruned, fifo)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="models/demo-de-en")
+    p.add_argument("--data", default="../shared/data")
+    p.add_argument("--lines", type=int, default=0)
+    p.add_argument("--beams", default="5,50")
+    p.add_argument("--batch-sentences", type=int, default=32)
+    p.add_argument("--epsilon", type=float, default=1 / 6)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--max-length", type=int, default=256, help="absolute cap on generated tokens")
+    p.add_argument("--out", default="reports/batching")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    translator = Translator.load(args.model, threads=args.threads, max_batch_size=args.batch_sentences)
+    with open(os.path.join(args.data, "wmt22/generaltest2022.de-en.src.de"), encoding="utf-8") as f:
+        sources = f.read().split("\n")[:-1]
+    with open(os.path.join(args.data, "wmt22/generaltest2022.de-en.ref.A.en"), encoding="utf-8") as f:
+        refs = f.read().split("\n")[:-1]
+    if args.lines:
+        sources, refs = sources[: args.lines], refs[: args.lines]
+    report, md = {"model": args.model, "threads": args.threads, "tables": {}}, ["# Batching benchmark\n"]
+    shuffled = list(range(len(sources)))
+    random.Random(1).shuffle(shuffled)
+    for order_name, order in (("sorted", None), ("shuffled", shuffled)):
+        src = sources if order is None else [sources[i] for i in order]
+        ref = refs if order is None else [refs[i] for i in order]
+        for beam in map(int, args.beams.split(",")):
+            runs = systems(beam, args.batch_sentences, args.epsilon, args.max_length)
+            for r in runs:
+                r.sort = order is None
+            run_all(translator, src, runs, args.repeats)
+            rows = table(runs, ref, "FIXED")
+            report["tables"][f"{order_name}/beam{beam}"] = rows
+            md += [f"## WMT22 {order_name}, k={beam} (VAR-STREAM Table 1 / 4 shape)\n", markdown_table(rows), ""]
+    beam = int(args.beams.split(",")[0])
+    exact = SearchConfig(beam_size=beam, max_length_a=1.5, max_length_b=10, max_decoding_length=args.max_length)
+    topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=args.batch_sentences,
+                            capacity=args.batch_sentences, beam_size=beam)
+    runs = [Run("mini-batch", exact, None, sort=False), Run("maxi-batch", exact, None, sort=True),
+            Run("top-up", exact, topup, sort=False), Run("top-up + maxi-batch", exact, topup, sort=True)]
+    run_all(translator, sources, runs, args.repeats)
+    rows = table(runs, refs, "mini-batch")
+    for row, r in zip(rows, runs):
+        row["batch_size_histogram"] = dict(sorted({b: r.batch_sizes.count(b) for b in set(r.batch_sizes)}.items()))
+    report["tables"]["topup"] = rows
+    md += [f"## Top-up batching, k={beam} (mini-batch vs maxi-batch vs top-up)\n", markdown_table(rows), ""]
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out + ".json", "w") as f:
+        json.dump(report, f, indent=1)
+    with open(args.out + ".md", "w") as f:
+        f.write("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
