@@ -91,3 +91,19 @@ def test_stream_with_shortlist_of_whole_vocabulary_is_unchanged(model, sources):
     plain = StreamDecoder(model, SEARCH, sched).decode(sources[:12])
     listed = StreamDecoder(model, SEARCH, sched, candidates=torch.arange(V)).decode(sources[:12])
     assert same(plain, listed)
+
+
+def test_five_hundred_sentences_stream_equals_batch(model):
+    """The issue's exactness bar: VAR-STREAM == VAR-BATCH and FIXED-STREAM == FIXED on >= 500 sentences."""
+    gen = torch.Generator().manual_seed(7)
+    lengths = torch.randint(2, 12, (500,), generator=gen).tolist()
+    sources = [torch.randint(1, PAD, (n - 1,), generator=gen).tolist() + [EOS] for n in lengths]
+    cfg = SearchConfig(beam_size=3, max_length_a=1.0, max_length_b=2, max_decoding_length=12)
+    pruned = replace(cfg, pruning=PruningConfig(delta=1.5, mc=2))
+    sched = SchedulerConfig(max_batch_sentences=16, capacity=16, beam_size=3, epsilon=1 / 6)
+    fixed = batch_reference(model, sources, cfg, batch_size=16)
+    fixed_stream = StreamDecoder(model, cfg, replace(sched, policy=Policy.TOPUP)).decode(sources)
+    var_batch = StreamDecoder(model, pruned, replace(sched, policy=Policy.VAR_BATCH)).decode(sources)
+    var_stream = StreamDecoder(model, pruned, replace(sched, policy=Policy.VAR_STREAM)).decode(sources)
+    assert same(fixed_stream, fixed)
+    assert same(var_stream, var_batch)
