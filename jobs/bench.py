@@ -11,7 +11,6 @@ GFLOP/s and its share of a GEMM probe's peak. Writes ``<out>.md`` and ``<out>.js
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 
@@ -27,21 +26,14 @@ from pipeline.bench_peers import (
     run,
     work_dir,
 )
-from pipeline.bench_search import markdown_table
+from pipeline.reports import SETS, markdown_table, read_lines, write_report
 from pipeline.shortlists import load_shortlist
 from workers.config import PruningConfig, SearchConfig
 from workers.flops import flops_per_target_token
 from workers.translator import Translator
 
-SETS = {"multi30k": ("multi30k/test_2016_flickr.de", "multi30k/test_2016_flickr.en"),
-        "wmt22": ("wmt22/generaltest2022.de-en.src.de", "wmt22/generaltest2022.de-en.ref.A.en")}
 BEST_PRUNING = PruningConfig(ap=2.5, mc=3)  # provisional until the search benchmark picks defaults
 
-
-def read(path: str, limit: int) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")[:-1]
-    return lines[:limit] if limit else lines
 
 
 def add_flops(table: list[dict], translator: Translator, lines: list[str], beam: int, peak: float,
@@ -95,8 +87,8 @@ def main(argv: list[str] | None = None) -> None:
                      "hf": lambda: hf_system(args.model, cfg)}
         systems = [PeerRun(name, factories[name]()) for name in args.systems.split(",")]
         for name in args.sets.split(","):
-            lines = read(os.path.join(args.data, SETS[name][0]), args.lines)
-            refs = read(os.path.join(args.data, SETS[name][1]), args.lines)
+            lines = read_lines(os.path.join(args.data, SETS[name][0]), args.lines)
+            refs = read_lines(os.path.join(args.data, SETS[name][1]), args.lines)
             for s in systems:
                 s.seconds.clear()
             best_translator.stats = type(best_translator.stats)()
@@ -110,12 +102,7 @@ def main(argv: list[str] | None = None) -> None:
             report["tables"][f"{name}/beam{beam}"] = {"rows": table, "ratios": ratios}
             md += [f"## {name}, beam {beam}\n", markdown_table(table), "",
                    "Ratios: " + ", ".join(f"{k} = {v}" for k, v in ratios.items()), ""]
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out + ".json", "w") as f:
-        json.dump(report, f, indent=1)
-    with open(args.out + ".md", "w") as f:
-        f.write("\n".join(md) + "\n")
-    print("\n".join(md))
+    write_report(args.out, report, md)
 
 
 if __name__ == "__main__":

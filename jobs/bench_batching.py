@@ -12,7 +12,6 @@ batches) and top-up streaming, exact beam. Interleaved repetitions, median times
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import random
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 import sacrebleu
 
-from pipeline.bench_search import markdown_table
+from pipeline.reports import SETS, markdown_table, read_lines, write_report
 from workers.config import PruningConfig, SearchConfig
 from workers.engine import DecodeStats
 from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
@@ -104,12 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     translator = Translator.load(args.model, threads=args.threads, max_batch_size=args.batch_sentences)
-    with open(os.path.join(args.data, "wmt22/generaltest2022.de-en.src.de"), encoding="utf-8") as f:
-        sources = f.read().split("\n")[:-1]
-    with open(os.path.join(args.data, "wmt22/generaltest2022.de-en.ref.A.en"), encoding="utf-8") as f:
-        refs = f.read().split("\n")[:-1]
-    if args.lines:
-        sources, refs = sources[: args.lines], refs[: args.lines]
+    sources = read_lines(os.path.join(args.data, SETS["wmt22"][0]), args.lines)
+    refs = read_lines(os.path.join(args.data, SETS["wmt22"][1]), args.lines)
     report, md = {"model": args.model, "threads": args.threads, "tables": {}}, ["# Batching benchmark\n"]
     shuffled = list(range(len(sources)))
     random.Random(1).shuffle(shuffled)
@@ -136,12 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         row["batch_size_histogram"] = dict(sorted({b: r.batch_sizes.count(b) for b in set(r.batch_sizes)}.items()))
     report["tables"]["topup"] = rows
     md += [f"## Top-up batching, k={beam} (mini-batch vs maxi-batch vs top-up)\n", markdown_table(rows), ""]
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out + ".json", "w") as f:
-        json.dump(report, f, indent=1)
-    with open(args.out + ".md", "w") as f:
-        f.write("\n".join(md) + "\n")
-    print("\n".join(md))
+    write_report(args.out, report, md)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ Inputs: Multi30k test_2016_flickr and WMT22 de-en (from ../shared/data). Writes 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import platform
@@ -20,23 +19,14 @@ from pipeline.alignment import frequency_table, lexical_table
 from pipeline.bench_search import (
     SystemRun,
     freitag_rows,
-    markdown_table,
     pruning_systems,
     run_interleaved,
     shortlist_rows,
 )
+from pipeline.reports import SETS, markdown_table, read_lines, write_report
 from workers.config import PruningConfig, SearchConfig
 from workers.shortlist import Shortlist
 from workers.translator import Translator
-
-SETS = {"multi30k": ("multi30k/test_2016_flickr.de", "multi30k/test_2016_flickr.en"),
-        "wmt22": ("wmt22/generaltest2022.de-en.src.de", "wmt22/generaltest2022.de-en.ref.A.en")}
-
-
-def read(path: str, limit: int) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")[:-1]
-    return lines[:limit] if limit else lines
 
 
 def heuristics(args: argparse.Namespace) -> dict[str, PruningConfig]:
@@ -49,12 +39,12 @@ def heuristics(args: argparse.Namespace) -> dict[str, PruningConfig]:
 def shortlist_systems(translator: Translator, args: argparse.Namespace, base: SearchConfig) -> list[SystemRun]:
     tok = translator.checkpoint.tokenizer
     special = translator.special_target_ids()
-    train_src = read(os.path.join(args.data, "multi30k/train.de"), args.train_lines)
-    train_tgt = read(os.path.join(args.data, "multi30k/train.en"), args.train_lines)
+    train_src = read_lines(os.path.join(args.data, "multi30k/train.de"), args.train_lines)
+    train_tgt = read_lines(os.path.join(args.data, "multi30k/train.en"), args.train_lines)
     tf = frequency_table(tok, train_tgt)
     wa = lexical_table(tok, train_src, train_tgt, space="subword")
     wa_word = lexical_table(tok, train_src, train_tgt, space="word")
-    mono = read(os.path.join(args.data, "multi30k/val.de"), args.self_built_lines)
+    mono = read_lines(os.path.join(args.data, "multi30k/val.de"), args.self_built_lines)
     own = lexical_table(tok, mono, [t.text for t in translator.translate(mono, base)], space="subword")
     systems = [SystemRun("full vocabulary", base)]
     systems += [SystemRun(f"TF {n}", base, Shortlist(tf, top_m=0, top_n=n, special_ids=special)) for n in (1000, 2000)]
@@ -96,8 +86,8 @@ def main(argv: list[str] | None = None) -> None:
           f"interleaved runs; speed-ups are ratios within one run.\n"]
     shortlists = shortlist_systems(translator, args, base) if "shortlist" in args.tables else []
     for name in args.sets.split(","):
-        sources = read(os.path.join(args.data, SETS[name][0]), args.lines)
-        refs = read(os.path.join(args.data, SETS[name][1]), args.lines)
+        sources = read_lines(os.path.join(args.data, SETS[name][0]), args.lines)
+        refs = read_lines(os.path.join(args.data, SETS[name][1]), args.lines)
         if "pruning" in args.tables:
             for beam in map(int, args.beams.split(",")):
                 systems = pruning_systems(beam, heuristics(args), base)
@@ -113,12 +103,7 @@ def main(argv: list[str] | None = None) -> None:
             rows = shortlist_rows(shortlists, refs, translator.encode(sources), [tok.encode_target(r) for r in refs])
             report["tables"][f"{name}/shortlist"] = rows
             md += [f"## {name}: shortlist vocabulary, beam 5 (Shi & Knight Table 2)\n", markdown_table(rows), ""]
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out + ".json", "w") as f:
-        json.dump(report, f, indent=1)
-    with open(args.out + ".md", "w") as f:
-        f.write("\n".join(md) + "\n")
-    print("\n".join(md))
+    write_report(args.out, report, md)
 
 
 if __name__ == "__main__":

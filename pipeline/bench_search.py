@@ -103,12 +103,3 @@ def shortlist_rows(systems: list[SystemRun], references: list[str], source_ids: 
             "mean_shortlist": round(sum(sizes) / len(sizes), 1) if sizes else None,
             "median_s": round(s.median_seconds, 3)})
     return rows
-
-
-def markdown_table(rows: list[dict]) -> str:
-    if not rows:
-        return ""
-    keys = list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
-    return "\n".join(lines)
