@@ -85,7 +85,9 @@ def ct2_matches(demo_model_dir, translator, lines, tmp_path):
     ct2 = ctranslate2.Translator(str(out_dir), device="cpu", intra_threads=2)
     tok = translator.checkpoint.tokenizer
     pieces = [tok.source_pieces(line) + ["</s>"] for line in lines]
-    results = ct2.translate_batch(pieces, beam_size=1, max_decoding_length=128, max_batch_size=64)
+    # Our cap (128) counts the EOS that the checkpoint's forced_eos_token_id puts at the last step; CT2's
+    # max_decoding_length counts content tokens only, so a capped output has 127 of them in both.
+    results = ct2.translate_batch(pieces, beam_size=1, max_decoding_length=127, max_batch_size=64)
     theirs = [[tok.target_vocab[p] for p in r.hypotheses[0]] for r in results]
     ours = [strip_eos(ids, tok.target_special.eos) for ids in our_greedy_ids(translator, lines)]
     return ours, theirs
