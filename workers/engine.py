@@ -15,9 +15,11 @@ from workers.config import PruningConfig, SearchConfig
 from workers.model import MarianModel
 from workers.pruning import RunningCandidates, keep_mask
 from workers.search import (
+    Candidates,
     FinishedPool,
     Hypothesis,
     RowTop,
+    StepSelection,
     is_done,
     length_normalize,
     row_top_log_probs,
@@ -37,9 +39,27 @@ class DecodeStats:
     pruned: int = 0  # running candidates discarded by pruning heuristics
 
 
-def _max_lengths(src_mask: Tensor, cfg: SearchConfig, positions: int) -> list[int]:
+def max_lengths(source_lengths: list[int], cfg: SearchConfig, positions: int) -> list[int]:
     """Per-sentence cap on generated tokens, never past the model's position table."""
-    return [min(cfg.max_length_for(int(n)), positions) for n in src_mask.sum(1).tolist()]
+    return [min(cfg.max_length_for(n), positions) for n in source_lengths]
+
+
+def score_step(logits: Tensor, slots: Tensor, running: Tensor, at_max: Tensor, mc, *, forced_eos: bool,
+               candidates: Tensor | None) -> tuple[Candidates, StepSelection]:
+    """One beam step's scoring, shared by the batch and streaming loops.
+
+    logits (N, V|C) of the live beams; slots (N,) their index into the (B' * K) slot layout;
+    running (B', K) cumulative scores (-inf = no beam); at_max (B',) sentences at their length cap.
+    """
+    n, k = running.shape
+    force = at_max[slots // k] if forced_eos else None
+    top = row_top_log_probs(logits, 2 * k, mc.pad_token_id, force, mc.eos_token_id, candidates)  # (N, M)
+    m = top.log_probs.shape[1]
+    slot_lp = top.log_probs.new_full((n * k, m), float("-inf"))
+    slot_tokens = top.tokens.new_zeros((n * k, m))
+    slot_lp[slots], slot_tokens[slots] = top.log_probs, top.tokens
+    cands = top_candidates_from_rows(RowTop(slot_lp.view(n, k, m), slot_tokens.view(n, k, m)), running, 2 * k)
+    return cands, select_step(cands, mc.eos_token_id, at_max, k)
 
 
 @torch.inference_mode()
@@ -52,7 +72,7 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
     """
     mc, stats = model.config, stats or DecodeStats()
     b = src_ids.shape[0]
-    max_lens = _max_lengths(src_mask, cfg, mc.max_position_embeddings)
+    max_lens = max_lengths(src_mask.sum(1).tolist(), cfg, mc.max_position_embeddings)
     cache = model.init_cache(model.encode(src_ids, src_mask), src_mask, max(max_lens))
     active = list(range(b))
     last = torch.full((b,), mc.decoder_start_token_id, dtype=torch.long)
@@ -138,7 +158,7 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
     mc, stats, k = model.config, stats or DecodeStats(), cfg.beam_size
     pruning = cfg.pruning
     b = src_ids.shape[0]
-    max_lens = _max_lengths(src_mask, cfg, mc.max_position_embeddings)
+    max_lens = max_lengths(src_mask.sum(1).tolist(), cfg, mc.max_position_embeddings)
     t_max = max(max_lens)
     cache = model.init_cache(model.encode(src_ids, src_mask), src_mask, t_max)  # one live beam per sentence
     pools = [FinishedPool(k) for _ in range(b)]
@@ -151,15 +171,7 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
         at_max = torch.tensor([step + 1 >= max_lens[s] for s in beams.active])  # (B',)
         positions = torch.full((live.numel(),), step, dtype=torch.long)
         logits = model.decode_step(last, positions, cache, candidates)  # (N, V|C)
-        force = at_max[live // k] if forced_eos else None
-        top = row_top_log_probs(logits, 2 * k, mc.pad_token_id, force, mc.eos_token_id, candidates)  # (N, M)
-        m = top.log_probs.shape[1]
-        slot_lp = top.log_probs.new_full((n * k, m), float("-inf"))
-        slot_tokens = top.tokens.new_zeros((n * k, m))
-        slot_lp[live], slot_tokens[live] = top.log_probs, top.tokens
-        cands = top_candidates_from_rows(RowTop(slot_lp.view(n, k, m), slot_tokens.view(n, k, m)),
-                                         beams.running, 2 * k)
-        sel = select_step(cands, mc.eos_token_id, at_max, k)
+        cands, sel = score_step(logits, live, beams.running, at_max, mc, forced_eos=forced_eos, candidates=candidates)
         stats.steps += 1
         stats.row_steps += live.numel()
         stats.sentence_steps += n

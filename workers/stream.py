@@ -16,11 +16,10 @@ import torch
 from torch import Tensor
 
 from workers.config import SearchConfig
-from workers.engine import DecodeStats, prune_running
+from workers.engine import DecodeStats, max_lengths, prune_running, score_step
 from workers.model import DecoderCache, MarianModel
 from workers.scheduler import Request, Scheduler, SchedulerConfig, StepOutput
-from workers.search import (FinishedPool, Hypothesis, RowTop, is_done, length_normalize, row_top_log_probs,
-                            select_step, top_candidates_from_rows)
+from workers.search import FinishedPool, Hypothesis, is_done, length_normalize
 
 NEG_INF = float("-inf")
 
@@ -57,7 +56,7 @@ class StreamDecoder:
         if not sources:
             return []
         mc = self.model.config
-        max_lens = [min(self.search.max_length_for(len(s)), mc.max_position_embeddings) for s in sources]
+        max_lens = max_lengths([len(s) for s in sources], self.search, mc.max_position_embeddings)
         self.cache = self._empty_cache(max(len(s) for s in sources), max(max_lens))
         self.free = list(range(self.schedule.max_batch_sentences))
         self.scheduler = Scheduler(self.schedule)
@@ -121,15 +120,9 @@ class StreamDecoder:
         positions = torch.cat([torch.full((live.numel(),), s.length, dtype=torch.long) for s, live in zip(sentences, lives)])
         at_max = torch.tensor([s.length + 1 >= s.max_len for s in sentences])  # (B',)
         logits = self.model.decode_step(tokens, positions, self.cache, self.candidates, rows)  # (N, V|C)
-        force = at_max[slots // k] if self.forced_eos else None
-        top = row_top_log_probs(logits, 2 * k, mc.pad_token_id, force, mc.eos_token_id, self.candidates)
-        m = top.log_probs.shape[1]
-        slot_lp = top.log_probs.new_full((n * k, m), NEG_INF)
-        slot_tokens = top.tokens.new_zeros((n * k, m))
-        slot_lp[slots], slot_tokens[slots] = top.log_probs, top.tokens
         running = torch.stack([s.running for s in sentences])  # (B', K)
-        cands = top_candidates_from_rows(RowTop(slot_lp.view(n, k, m), slot_tokens.view(n, k, m)), running, 2 * k)
-        sel = select_step(cands, mc.eos_token_id, at_max, k)
+        cands, sel = score_step(logits, slots, running, at_max, mc, forced_eos=self.forced_eos,
+                                candidates=self.candidates)
         self.stats.steps += 1
         self.stats.row_steps += rows.numel()
         self.stats.sentence_steps += n
