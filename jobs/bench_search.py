@@ -19,6 +19,7 @@ from pipeline.alignment import frequency_table, lexical_table
 from pipeline.bench_search import (
     SystemRun,
     freitag_rows,
+    output_layer_rows,
     pruning_systems,
     run_interleaved,
     shortlist_rows,
@@ -44,7 +45,8 @@ def shortlist_systems(translator: Translator, args: argparse.Namespace, base: Se
     tf = frequency_table(tok, train_tgt)
     wa = lexical_table(tok, train_src, train_tgt, space="subword")
     wa_word = lexical_table(tok, train_src, train_tgt, space="word")
-    mono = read_lines(os.path.join(args.data, "multi30k/val.de"), args.self_built_lines)
+    # self-built: only the model and German text (source side of train, its English never read)
+    mono = read_lines(os.path.join(args.data, "multi30k/train.de"))[-args.self_built_lines:]
     own = lexical_table(tok, mono, [t.text for t in translator.translate(mono, base)], space="subword")
     systems = [SystemRun("full vocabulary", base)]
     systems += [SystemRun(f"TF {n}", base, Shortlist(tf, top_m=0, top_n=n, special_ids=special)) for n in (1000, 2000)]
@@ -73,8 +75,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--delta", type=float, default=1.5)
     p.add_argument("--top-n", type=int, default=100, help="frequent targets added to WA / self-built shortlists")
     p.add_argument("--train-lines", type=int, default=0, help="Multi30k train lines for the WA tables (0: all)")
-    p.add_argument("--self-built-lines", type=int, default=1014)
-    p.add_argument("--tables", default="pruning,shortlist")
+    p.add_argument("--self-built-lines", type=int, default=5000,
+                   help="German lines (end of Multi30k train.de) the model translates for the self-built table")
+    p.add_argument("--tables", default="output,pruning,shortlist")
     p.add_argument("--out", default="reports/search")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -84,6 +87,11 @@ def main(argv: list[str] | None = None) -> None:
               "torch": torch.__version__, "search": base.signature(), "tables": {}}
     md = [f"# Search benchmark\n\nmodel `{args.model}`, {args.threads} threads, median of {args.repeats} "
           f"interleaved runs; speed-ups are ratios within one run.\n"]
+    if "output" in args.tables:
+        rows = output_layer_rows(translator)
+        report["tables"]["output_layer"] = rows
+        md += ["## Fused output layer: logsumexp + top-k vs log_softmax -> top-k (projection included)\n",
+               markdown_table(rows), ""]
     shortlists = shortlist_systems(translator, args, base) if "shortlist" in args.tables else []
     for name in args.sets.split(","):
         sources = read_lines(os.path.join(args.data, SETS[name][0]), args.lines)

@@ -103,3 +103,42 @@ def shortlist_rows(systems: list[SystemRun], references: list[str], source_ids: 
             "mean_shortlist": round(sum(sizes) / len(sizes), 1) if sizes else None,
             "median_s": round(s.median_seconds, 3)})
     return rows
+
+
+def output_layer_rows(translator: Translator, *, rows: tuple[int, ...] = (5, 40, 160), num: int = 10,
+                      repeats: int = 50) -> list[dict]:
+    """Fused output step (logsumexp + top-k over raw logits) against log_softmax -> top-k (the default).
+
+    Both start from the same decoder hidden states and include the output projection, so the ratio
+    is what the fused step saves per decoder step at each number of live rows (B*K).
+    """
+    import torch
+
+    from workers.search import row_top_log_probs, row_top_log_probs_fused
+
+    model = translator.checkpoint.model
+    pad = model.config.pad_token_id
+    torch.manual_seed(0)
+    out = []
+    for n in rows:
+        hidden = torch.randn(n, model.config.d_model)
+
+        def naive() -> None:
+            row_top_log_probs(model.project(hidden), num, pad)  # (N, V) log-softmax materialised
+
+        def fused() -> None:
+            row_top_log_probs_fused(model.project(hidden), num, pad)
+
+        times = {"naive": [], "fused": []}
+        with torch.inference_mode():
+            for fn in (naive, fused):
+                fn()  # warm-up
+            for _ in range(repeats):
+                for name, fn in (("naive", naive), ("fused", fused)):
+                    start = time.perf_counter()
+                    fn()
+                    times[name].append(time.perf_counter() - start)
+        a, b = statistics.median(times["naive"]), statistics.median(times["fused"])
+        out.append({"rows": n, "vocab": model.config.decoder_vocab_size, "top": num, "naive_us": round(a * 1e6, 1),
+                    "fused_us": round(b * 1e6, 1), "speedup": round(a / b, 3)})
+    return out

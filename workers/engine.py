@@ -74,6 +74,7 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
     b = src_ids.shape[0]
     max_lens = max_lengths(src_mask.sum(1).tolist(), cfg, mc.max_position_embeddings)
     cache = model.init_cache(model.encode(src_ids, src_mask), src_mask, max(max_lens))
+    head = model.output_head(candidates) if candidates is not None else None
     active = list(range(b))
     last = torch.full((b,), mc.decoder_start_token_id, dtype=torch.long)
     history = torch.full((b, max(max_lens)), mc.pad_token_id, dtype=torch.long)  # (N, T)
@@ -82,7 +83,7 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
     for step in range(max(max_lens)):
         n = len(active)
         at_max = torch.tensor([step + 1 >= max_lens[s] for s in active])
-        logits = model.decode_step(last, torch.full((n,), step, dtype=torch.long), cache, candidates)  # (N, V|C)
+        logits = model.decode_step(last, torch.full((n,), step, dtype=torch.long), cache, head)  # (N, V|C)
         top = row_top_log_probs(logits, 1, mc.pad_token_id, at_max if forced_eos else None, mc.eos_token_id,
                                 candidates)
         best_lp, tokens = top.log_probs[:, 0], top.tokens[:, 0]  # (N,)
@@ -161,6 +162,7 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
     max_lens = max_lengths(src_mask.sum(1).tolist(), cfg, mc.max_position_embeddings)
     t_max = max(max_lens)
     cache = model.init_cache(model.encode(src_ids, src_mask), src_mask, t_max)  # one live beam per sentence
+    head = model.output_head(candidates) if candidates is not None else None
     pools = [FinishedPool(k) for _ in range(b)]
     running = torch.full((b, k), float("-inf"))
     running[:, 0] = 0.0
@@ -170,7 +172,7 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
         n, live = len(beams.active), beams.live_slots()
         at_max = torch.tensor([step + 1 >= max_lens[s] for s in beams.active])  # (B',)
         positions = torch.full((live.numel(),), step, dtype=torch.long)
-        logits = model.decode_step(last, positions, cache, candidates)  # (N, V|C)
+        logits = model.decode_step(last, positions, cache, head)  # (N, V|C)
         cands, sel = score_step(logits, live, beams.running, at_max, mc, forced_eos=forced_eos, candidates=candidates)
         stats.steps += 1
         stats.row_steps += live.numel()

@@ -142,6 +142,15 @@ class Encoder(nn.Module):
         return x
 
 
+@dataclass(frozen=True)
+class OutputHead:
+    """The output projection restricted to a shortlist: ids (C,), weight (C, E), bias (C,)."""
+
+    ids: Tensor
+    weight: Tensor
+    bias: Tensor
+
+
 @dataclass
 class DecoderCache:
     """Per-row decoding state. Rows are (sentence, beam) pairs; each row has its own position.
@@ -283,12 +292,18 @@ class MarianModel(nn.Module):
         """src_ids (B, S), src_mask (B, S) bool -> memory (B, S, E)."""
         return self.model.encoder(src_ids, src_mask)
 
-    def project(self, hidden: Tensor, candidates: Tensor | None = None) -> Tensor:
-        """hidden (..., E) -> logits (..., V), or (..., C) over candidate ids (C,) (shortlist)."""
-        if candidates is None:
+    def output_head(self, candidates: Tensor) -> OutputHead:
+        """The output layer cut to a shortlist of target ids (C,), gathered once per batch."""
+        return OutputHead(candidates, self.lm_head.weight.index_select(0, candidates).contiguous(),
+                          self.final_logits_bias[0].index_select(0, candidates))
+
+    def project(self, hidden: Tensor, head: OutputHead | Tensor | None = None) -> Tensor:
+        """hidden (..., E) -> logits (..., V), or (..., C) over a shortlist head (or candidate ids (C,))."""
+        if head is None:
             return F.linear(hidden, self.lm_head.weight, self.final_logits_bias[0])
-        w = self.lm_head.weight.index_select(0, candidates)  # (C, E)
-        return F.linear(hidden, w, self.final_logits_bias[0].index_select(0, candidates))
+        if isinstance(head, Tensor):
+            head = self.output_head(head)
+        return F.linear(hidden, head.weight, head.bias)
 
     def forward(self, src_ids: Tensor, src_mask: Tensor, tgt_ids: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V) for decoder inputs tgt_ids (B, T)."""
@@ -299,9 +314,9 @@ class MarianModel(nn.Module):
         return self.model.decoder.init_cache(memory, src_mask, max_length)
 
     def decode_step(self, tokens: Tensor, positions: Tensor, cache: DecoderCache,
-                    candidates: Tensor | None = None, rows: Tensor | None = None) -> Tensor:
+                    head: OutputHead | None = None, rows: Tensor | None = None) -> Tensor:
         """tokens (N,), positions (N,) -> logits (N, V) (or (N, C) with a shortlist).
 
         ``rows`` (N,): cache rows of the tokens when stepping a subset of a slot cache.
         """
-        return self.project(self.model.decoder.step(tokens, positions, cache, rows), candidates)
+        return self.project(self.model.decoder.step(tokens, positions, cache, rows), head)

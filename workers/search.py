@@ -50,7 +50,34 @@ class RowTop:
 
 def row_top_log_probs(logits: Tensor, num: int, pad_id: int, force_eos: Tensor | None = None,
                       eos_id: int = 0, token_ids: Tensor | None = None) -> RowTop:
-    """Fused output step: logits (N, V) -> each row's ``num`` best log-probs, ``<pad>`` banned.
+    """Output step: logits (N, V) -> each row's ``num`` best log-probs, ``<pad>`` banned.
+
+    One log-softmax (``<pad>`` included in the normaliser, as HF normalises before banning), one
+    top-k. On CPU torch's vectorised log-softmax costs less than a separate logsumexp pass, so this
+    beats the fused form below (``row_top_log_probs_fused``; jobs.bench_search measures both).
+    Rows where ``force_eos`` is set get EOS at log-prob 0 and nothing else. With a shortlist, logits
+    are over candidate positions (N, C) and ``token_ids`` (C,) maps positions to vocabulary ids.
+    """
+    lp = torch.log_softmax(logits.float(), dim=-1)  # (N, V|C)
+    if token_ids is None:
+        lp[:, pad_id] = NEG_INF
+    else:
+        lp.masked_fill_((token_ids == pad_id)[None, :], NEG_INF)
+    log_probs, tokens = torch.topk(lp, min(num, lp.shape[1]), dim=1)  # (N, M)
+    if token_ids is not None:
+        tokens = token_ids[tokens]
+    if force_eos is not None and bool(force_eos.any()):
+        forced_lp = torch.full_like(log_probs, NEG_INF)
+        forced_lp[:, 0] = 0.0
+        forced_tok = torch.full_like(tokens, eos_id)
+        log_probs = torch.where(force_eos[:, None], forced_lp, log_probs)
+        tokens = torch.where(force_eos[:, None], forced_tok, tokens)
+    return RowTop(log_probs, tokens)
+
+
+def row_top_log_probs_fused(logits: Tensor, num: int, pad_id: int, force_eos: Tensor | None = None,
+                      eos_id: int = 0, token_ids: Tensor | None = None) -> RowTop:
+    """Fused output step (measured, not the default): logits (N, V) -> each row's ``num`` best log-probs, ``<pad>`` banned.
 
     One pass over the logits for the log-normaliser (``<pad>`` included, as HF normalises before
     banning) and one top-k; the full (N, V) log-softmax is never materialised (the top-up paper's

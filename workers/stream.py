@@ -58,6 +58,7 @@ class StreamDecoder:
         mc = self.model.config
         max_lens = max_lengths([len(s) for s in sources], self.search, mc.max_position_embeddings)
         self.cache = self._empty_cache(max(len(s) for s in sources), max(max_lens))
+        self._head = self.model.output_head(self.candidates) if self.candidates is not None else None
         self.free = list(range(self.schedule.max_batch_sentences))
         self.scheduler = Scheduler(self.schedule)
         for i, src in enumerate(sources):
@@ -119,7 +120,7 @@ class StreamDecoder:
         tokens = torch.cat([s.last[live] for s, live in zip(sentences, lives)])
         positions = torch.cat([torch.full((live.numel(),), s.length, dtype=torch.long) for s, live in zip(sentences, lives)])
         at_max = torch.tensor([s.length + 1 >= s.max_len for s in sentences])  # (B',)
-        logits = self.model.decode_step(tokens, positions, self.cache, self.candidates, rows)  # (N, V|C)
+        logits = self.model.decode_step(tokens, positions, self.cache, self._head, rows)  # (N, V|C)
         running = torch.stack([s.running for s in sentences])  # (B', K)
         cands, sel = score_step(logits, slots, running, at_max, mc, forced_eos=self.forced_eos,
                                 candidates=self.candidates)

@@ -58,6 +58,9 @@ class ScriptedModel:
         cross = memory[None, :, None]  # (L, N, H, S, D): sentence key
         return DecoderCache(self_k, torch.zeros_like(self_k), cross, cross.clone(), src_mask)
 
+    def output_head(self, candidates: Tensor) -> Tensor:
+        return candidates  # the scripted "head" is just the candidate ids
+
     def decode_step(self, tokens: Tensor, positions: Tensor, cache: DecoderCache,
                     candidates: Tensor | None = None) -> Tensor:
         """tokens (N,), positions (N,) -> logits (N, V) = log of the scripted distribution (or (N, C))."""

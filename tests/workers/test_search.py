@@ -22,6 +22,7 @@ from workers.search import (
     length_normalize,
     normalized_log_probs,
     row_top_log_probs,
+    row_top_log_probs_fused,
     select_step,
     top_candidates,
     top_candidates_from_rows,
@@ -241,8 +242,12 @@ def test_length_normalize(score: float, length: int, length_penalty: float, expe
 
 # --------------------------------------------------------------------------- fused output step
 
+ROW_TOP = [row_top_log_probs, row_top_log_probs_fused]
+
+
+@pytest.mark.parametrize("row_top", ROW_TOP)
 @pytest.mark.parametrize("seed, b, k, v", [(0, 1, 1, 7), (1, 3, 4, 50), (2, 2, 5, 11), (3, 4, 3, 1000)])
-def test_fused_row_top_equals_dense_log_softmax_path(seed: int, b: int, k: int, v: int) -> None:
+def test_fused_row_top_equals_dense_log_softmax_path(seed: int, b: int, k: int, v: int, row_top) -> None:
     """Per-row top-2K + logsumexp picks the same candidates, at the same scores, as log_softmax -> top-k."""
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(b * k, v, generator=gen) * 3
@@ -253,7 +258,7 @@ def test_fused_row_top_equals_dense_log_softmax_path(seed: int, b: int, k: int, 
     force[0] = True
     before = logits.clone()
     dense = top_candidates(normalized_log_probs(logits, pad, force, eos).view(b, k, v), running, 2 * k)
-    top = row_top_log_probs(logits, 2 * k, pad, force, eos)
+    top = row_top(logits, 2 * k, pad, force, eos)
     fused = top_candidates_from_rows(RowTop(top.log_probs.view(b, k, -1), top.tokens.view(b, k, -1)), running, 2 * k)
     assert torch.equal(logits, before)
     finite = torch.isfinite(dense.scores)
@@ -265,9 +270,10 @@ def test_fused_row_top_equals_dense_log_softmax_path(seed: int, b: int, k: int, 
     assert not bool((fused.tokens[finite] == pad).any())
 
 
-def test_row_top_bans_pad_even_when_it_is_the_best_logit() -> None:
+@pytest.mark.parametrize("row_top", ROW_TOP)
+def test_row_top_bans_pad_even_when_it_is_the_best_logit(row_top) -> None:
     logits = torch.tensor([[0.0, 1.0, 9.0, 2.0]])  # pad = 2 has the largest logit
-    top = row_top_log_probs(logits, 2, pad_id=2)
+    top = row_top(logits, 2, pad_id=2)
     assert top.tokens.tolist() == [[3, 1]]
     lse = torch.logsumexp(logits, dim=-1)  # the normaliser still includes pad
     assert torch.allclose(top.log_probs, torch.tensor([[2.0, 1.0]]) - lse)
