@@ -1,20 +1,38 @@
-"""Translate a corpus with a Marian / OPUS-MT checkpoint.
+"""Translate a corpus with a Marian / OPUS-MT checkpoint, on Ray.
 
     python -m jobs.translate --model models/demo-de-en --input examples/sample.de.txt --output out.en.txt
+    ray job submit --working-dir . -- python -m jobs.translate --model models/demo-de-en \
+        --input s3://bucket/corpus/ --output s3://bucket/out/ --evaluate --reference-column ref
 
-``--input``: ``.txt`` (one sentence a line) or ``.parquet`` (column ``text``, optional ``id``).
-``--output``: ``.txt`` (one translation a line, input order) or ``.parquet`` (id, source,
-translation, score, n-best, signature). Paths may be local or fsspec URLs (``s3://``).
+Runs on the cluster at ``RAY_ADDRESS`` (or the job's cluster under ``ray job submit``), else on a
+local one. ``--in-process`` skips Ray and decodes in this process (small inputs, debugging).
+
+``--input``: ``.txt`` (one sentence a line), a ``.parquet`` file, or a directory of them (columns
+``--text-column``, optional ``--id-column`` / ``--reference-column``). ``--output``: a directory
+(one Parquet part per work unit: id, row, source, translation, score, nbest, status, reason,
+signature; ``_manifest/``, ``_stats/``, ``_SUCCESS``), or a ``.txt`` / ``.parquet`` file assembled
+from the parts kept in ``<output>.parts/``. Rerunning the same command resumes: committed units are
+skipped. Paths may be local or fsspec URLs (``s3://``; endpoint and credentials from the AWS
+environment variables).
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 
+import fsspec
+import pyarrow.parquet as pq
+
+from pipeline.actors import DecoderSettings
 from pipeline.corpus import read_corpus, write_translations
+from pipeline.reports import markdown_table
+from pipeline.run import PipelineConfig, actor_table, run_pipeline
 from pipeline.shortlists import load_shortlist
-from pipeline.storage import model_reader
+from pipeline.sink import OutputStore
+from pipeline.storage import model_reader, storage_options
+from pipeline.units import Columns
 from workers.config import PruningConfig, SearchConfig
 from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from workers.translator import Translator
@@ -51,7 +69,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shortlist", help="lex.s2t (with its .freq) or CTranslate2 .vmap file")
     g.add_argument("--shortlist-m", type=int, default=50, help="top translations kept per source token")
     g.add_argument("--shortlist-n", type=int, default=100, help="most frequent target tokens always kept")
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per decoder (0: all cores "
+                   "in-process, 2 per decoder actor on Ray)")
+    g = p.add_argument_group("Ray pipeline")
+    g.add_argument("--in-process", action="store_true", help="no Ray: decode in this process")
+    g.add_argument("--text-column", default="text")
+    g.add_argument("--id-column", help="default: 'id' when present, else the row number")
+    g.add_argument("--reference-column", help="references for --evaluate")
+    g.add_argument("--evaluate", action="store_true", help="sacreBLEU BLEU and chrF against --reference-column")
+    g.add_argument("--unit-rows", type=int, default=1000, help="rows per work unit (the commit / resume grain)")
+    g.add_argument("--decoders", type=int, default=0, help="decoder actors (0: as many as the cluster's cores allow)")
+    g.add_argument("--min-decoders", type=int, help="autoscaling pool: at least this many decoder actors")
+    g.add_argument("--max-decoders", type=int, help="autoscaling pool: at most this many decoder actors")
+    g.add_argument("--encoders", type=int, default=1, help="encoder (tokeniser) actors; 0: decoders tokenise")
+    g.add_argument("--cpus-per-decoder", type=float, default=0, help="CPUs reserved per decoder (0: --threads)")
+    g.add_argument("--gpus-per-decoder", type=float, default=0)
+    g.add_argument("--skip-corrupt", action="store_true", help="skip unreadable Parquet files (reported) instead of failing")
     return p
 
 
@@ -72,30 +105,97 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig | None:
                            flush_every=args.flush_every)
 
 
+def load_shortlist_for(args: argparse.Namespace, translator: Translator):
+    if not args.shortlist:
+        return None
+    return load_shortlist(args.shortlist, translator.checkpoint.tokenizer, top_m=args.shortlist_m,
+                          top_n=args.shortlist_n, special_ids=translator.special_target_ids())
+
+
+def signature(args: argparse.Namespace, cfg: SearchConfig) -> str:
+    return f"model:{args.model}|{cfg.signature()}|batching:{args.batching}" + (
+        f"|shortlist:{args.shortlist}:{args.shortlist_m}:{args.shortlist_n}" if args.shortlist else "")
+
+
+def run_in_process(args: argparse.Namespace, cfg: SearchConfig) -> None:
+    corpus = read_corpus(args.input, text_column=args.text_column, id_column=args.id_column or "id")
+    translator = Translator.load(model_reader(args.model), threads=args.threads or None,
+                                 max_batch_size=args.max_batch_size)
+    shortlist = load_shortlist_for(args, translator)
+    start = time.perf_counter()
+    translations = translator.translate(corpus.texts, cfg, shortlist, scheduler_config(args))
+    elapsed = time.perf_counter() - start
+    write_translations(args.output, corpus, translations, signature(args, cfg))
+    tokens = translator.stats.target_tokens
+    print(f"translated {len(corpus.texts)} lines -> {args.output} in {elapsed:.1f}s "
+          f"({tokens / max(elapsed, 1e-9):.0f} target tokens/s) [{signature(args, cfg)}]")
+    if translator.shortlist_sizes:
+        sizes = translator.shortlist_sizes
+        print(f"shortlist: {sum(sizes) / len(sizes):.0f} candidates per batch on average (max {max(sizes)})")
+
+
+def pipeline_config(args: argparse.Namespace, cfg: SearchConfig) -> PipelineConfig:
+    single_file = args.output.endswith((".txt", ".parquet"))
+    settings = DecoderSettings(
+        model=local_path(args.model), output=local_path(args.output + ".parts" if single_file else args.output),
+        search=cfg, batching=scheduler_config(args), signature=signature(args, cfg), threads=args.threads or 2,
+        max_batch_size=args.max_batch_size, shortlist=args.shortlist and local_path(args.shortlist),
+        shortlist_m=args.shortlist_m, shortlist_n=args.shortlist_n, evaluate=args.evaluate)
+    decoders = args.decoders
+    if args.min_decoders is not None or args.max_decoders is not None:
+        decoders = (args.min_decoders or 1, args.max_decoders or max(args.min_decoders or 1, 1))
+    columns = Columns(args.text_column, args.id_column, args.reference_column)
+    return PipelineConfig(input=local_path(args.input), columns=columns, decoder=settings, unit_rows=args.unit_rows,
+                          decoders=decoders, encoders=args.encoders, cpus_per_decoder=args.cpus_per_decoder,
+                          gpus_per_decoder=args.gpus_per_decoder, skip_corrupt=args.skip_corrupt)
+
+
+def local_path(url: str) -> str:
+    """Absolute paths for local files, so actors find them whatever their working directory."""
+    return url if "://" in url or os.environ.get("RAY_JOB_ID") or os.environ.get("RAYMT_KEEP_RELATIVE") \
+        else os.path.abspath(url)
+
+
+def run_on_ray(args: argparse.Namespace, cfg: SearchConfig) -> None:
+    if args.evaluate and not args.reference_column:
+        raise SystemExit("--evaluate needs --reference-column (a Parquet input with references)")
+    pc = pipeline_config(args, cfg)
+    result = run_pipeline(pc)
+    store = OutputStore(pc.decoder.output)
+    if pc.decoder.output != local_path(args.output):
+        assemble(store, args.output)
+    print(f"translated {result.rows} rows in {result.units} units ({result.skipped_units} already committed) "
+          f"-> {args.output} in {result.seconds:.1f}s ({result.tokens_per_second:.0f} target tokens/s) "
+          f"[{pc.decoder.signature}]")
+    for path, reason in result.skipped_files:
+        print(f"skipped corrupt file {path}: {reason}")
+    stats = store.read_stats()
+    if stats is not None:
+        print(markdown_table(actor_table(stats)))
+    if result.scores:
+        print(result.scores)
+
+
+def assemble(store: OutputStore, url: str) -> None:
+    """One ``.txt`` (translations in input order) or ``.parquet`` file from the committed parts."""
+    table = store.read()
+    if url.endswith(".parquet"):
+        with fsspec.open(url, "wb", **storage_options(url)) as f:
+            pq.write_table(table, f)
+        return
+    with fsspec.open(url, "wt", encoding="utf-8", **storage_options(url)) as f:
+        for text in table.column("translation").to_pylist():
+            f.write(text.replace("\n", " ") + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = search_config(args)
-    corpus = read_corpus(args.input)
-    translator = Translator.load(model_reader(args.model), threads=args.threads or None,
-                                 max_batch_size=args.max_batch_size)
-    shortlist = None
-    if args.shortlist:
-        shortlist = load_shortlist(args.shortlist, translator.checkpoint.tokenizer, top_m=args.shortlist_m,
-                                   top_n=args.shortlist_n, special_ids=translator.special_target_ids())
-    start = time.perf_counter()
-    batching = scheduler_config(args)
-    translations = translator.translate(corpus.texts, cfg, shortlist, batching)
-    elapsed = time.perf_counter() - start
-    signature = f"model:{args.model}|{cfg.signature()}|batching:{args.batching}" + (
-        f"|shortlist:{args.shortlist}:{args.shortlist_m}:{args.shortlist_n}" if args.shortlist else "")
-    write_translations(args.output, corpus, translations, signature)
-    tokens = translator.stats.target_tokens
-    print(f"translated {len(corpus.texts)} lines -> {args.output} in {elapsed:.1f}s "
-          f"({tokens / max(elapsed, 1e-9):.0f} target tokens/s) [{signature}]")
-    if translator.shortlist_sizes:
-        sizes = translator.shortlist_sizes
-        print(f"shortlist: {sum(sizes) / len(sizes):.0f} candidates per batch on average (max {max(sizes)})")
+    if args.in_process:
+        run_in_process(args, cfg)
+    else:
+        run_on_ray(args, cfg)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,208 @@
+"""The Ray Data actor shells: EncoderWorker (read, clean, tokenise, cut to fit, sort) and
+DecoderWorker (decode a unit with the engine, commit its part, return its stats row).
+
+Both are plain callable classes (Ray Data runs them in an actor pool); each call takes Arrow
+batches of work units, one row a unit. The math lives in ``workers/``; these classes only move
+rows between Arrow and lists and time things.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+
+from pipeline.evaluate import EvalStats, sufficient_stats
+from pipeline.sink import OutputStore
+from pipeline.storage import model_reader
+from pipeline.units import Columns, WorkUnit, read_unit
+from workers.config import SearchConfig
+from workers.engine import DecodeStats
+from workers.inputs import CleanText, clean_text, split_to_fit
+from workers.scheduler import SchedulerConfig
+from workers.translator import Translator
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderSettings:
+    model: str
+    output: str
+    search: SearchConfig
+    batching: SchedulerConfig | None
+    signature: str
+    threads: int = 1
+    max_batch_size: int = 32
+    shortlist: str | None = None
+    shortlist_m: int = 50
+    shortlist_n: int = 100
+    evaluate: bool = False
+
+
+def unit_to_row(unit: WorkUnit) -> dict:
+    return {"unit": json.dumps(asdict(unit))}
+
+
+class EncoderWorker:
+    """unit rows -> encoded unit rows: cleaned text, statuses, token-id pieces that fit the model."""
+
+    def __init__(self, model: str | Translator, columns: Columns) -> None:
+        self.translator = model if isinstance(model, Translator) else Translator.load(model_reader(model), threads=1)
+        self.columns = columns
+        self.limit = self.translator.checkpoint.model.config.max_position_embeddings
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return pa.Table.from_pylist([self.encode_unit(WorkUnit(**json.loads(u)))
+                                     for u in batch.column("unit").to_pylist()])
+
+    def encode_unit(self, unit: WorkUnit) -> dict:
+        start = time.perf_counter()
+        rows = read_unit(unit, self.columns)
+        tok = self.translator.checkpoint.tokenizer
+        cleaned = [clean_text(t) for t in rows.texts]
+        pieces, piece_row, statuses, reasons = [], [], [], []
+        for i, c in enumerate(cleaned):
+            status, reason = c.statuses, c.reasons
+            ids = tok.encode(c.text) if c.translatable else []
+            if len(ids) > self.limit:  # longer than the model's positions: cut into pieces that fit
+                cut = split_to_fit(c.text, lambda s: len(tok.encode(s)), self.limit)
+                status, reason = (*status, *cut.statuses), (*reason, *cut.reasons)
+                pieces += [tok.encode(text) for text in cut.texts]
+                piece_row += [i] * len(cut.texts)
+            elif ids:
+                pieces.append(ids)
+                piece_row.append(i)
+            statuses.append(CleanText("", status).status)
+            reasons.append("; ".join(reason))
+        return {"unit": json.dumps(asdict(unit)), "ids": json.dumps(rows.ids), "rows": rows.rows,
+                "sources": [t.decode("utf-8", "replace") if isinstance(t, bytes) else t for t in rows.texts],
+                "references": rows.references, "statuses": statuses, "reasons": reasons,
+                "pieces": pieces, "piece_row": piece_row, "encode_s": time.perf_counter() - start}
+
+
+class DecoderWorker:
+    """encoded unit rows -> the unit's part committed to the output, and one stats row per unit.
+
+    With ``columns`` it takes plain unit rows and tokenises them itself (no encoder pool).
+    """
+
+    def __init__(self, settings: DecoderSettings, columns: Columns | None = None) -> None:
+        self.settings = settings
+        self.translator = Translator.load(model_reader(settings.model), threads=settings.threads,
+                                          max_batch_size=settings.max_batch_size)
+        self.shortlist = None
+        if settings.shortlist:
+            from pipeline.shortlists import load_shortlist
+            self.shortlist = load_shortlist(settings.shortlist, self.translator.checkpoint.tokenizer,
+                                            top_m=settings.shortlist_m, top_n=settings.shortlist_n,
+                                            special_ids=self.translator.special_target_ids())
+        self.store = OutputStore(settings.output)
+        self.actor = f"{socket.gethostname()}:{os.getpid()}"
+        self.node = _node_id()
+        self.last_done = time.time()
+        self.metrics = _Metrics()
+        self.encoder = EncoderWorker(self.translator, columns) if columns is not None else None
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        rows = batch.to_pylist()
+        if self.encoder is not None:
+            rows = [self.encoder.encode_unit(WorkUnit(**json.loads(r["unit"]))) for r in rows]
+        return pa.Table.from_pylist([self.decode_unit(row) for row in rows])
+
+    def decode_unit(self, row: dict) -> dict:
+        started = time.time()
+        wait_s = started - self.last_done
+        unit = WorkUnit(**json.loads(row["unit"]))
+        tr = self.translator
+        tr.stats, tr.shortlist_sizes = DecodeStats(), []
+        t0 = time.perf_counter()
+        hyps = tr.translate_ids(row["pieces"], self.settings.search, self.shortlist, self.settings.batching)
+        decode_s = time.perf_counter() - t0
+        table, texts = self._output_table(row, hyps)
+        evaluation = None
+        if self.settings.evaluate and row["references"] is not None:
+            evaluation = sufficient_stats(texts, row["references"])
+        stats = self._stats_row(unit, row, started, wait_s, decode_s, evaluation)
+        self.store.commit(unit.name, table, pa.Table.from_pylist([stats]),
+                          {"unit": unit.name, "rows": len(texts), "actor": self.actor, "signature": self.settings.signature})
+        self.metrics.record(stats)
+        self.last_done = time.time()
+        return stats
+
+    def _output_table(self, row: dict, hyps: list) -> tuple[pa.Table, list[str]]:
+        tok = self.translator.checkpoint.tokenizer
+        n = len(row["rows"])
+        texts, scores = [[] for _ in range(n)], [0.0] * n
+        nbest: list[list[dict]] = [[] for _ in range(n)]
+        for i, h in zip(row["piece_row"], hyps):
+            texts[i].append(tok.decode(list(h[0].tokens)))
+            scores[i] += h[0].score
+            nbest[i].append([{"text": tok.decode(list(x.tokens)), "score": x.score} for x in h])
+        joined = [" ".join(t) for t in texts]
+        nbest_rows = [b[0] if len(b) == 1 else [{"text": joined[i], "score": scores[i]}] if b else [] for i, b in enumerate(nbest)]
+        table = pa.table({
+            "id": pa.array(json.loads(row["ids"])), "row": pa.array(row["rows"], pa.int64()),
+            "source": pa.array(row["sources"], pa.string()), "translation": joined,
+            "score": pa.array(scores, pa.float32()),
+            "nbest": pa.array(nbest_rows, pa.list_(pa.struct([("text", pa.string()), ("score", pa.float32())]))),
+            "status": row["statuses"], "reason": row["reasons"], "signature": [self.settings.signature] * n})
+        return table, joined
+
+    def _stats_row(self, unit: WorkUnit, row: dict, started: float, wait_s: float, decode_s: float,
+                   evaluation: EvalStats | None) -> dict:
+        st, tr = self.translator.stats, self.translator
+        sched = tr.scheduler_stats if self.settings.batching is not None else None
+        capacity = self.settings.batching.max_batch_sentences if self.settings.batching else tr.max_batch_size
+        statuses: dict[str, int] = {}
+        for s in row["statuses"]:
+            statuses[s] = statuses.get(s, 0) + 1
+        return {
+            "unit": unit.name, "actor": self.actor, "node": self.node, "started": started, "finished": time.time(),
+            "wait_s": wait_s, "encode_s": row["encode_s"], "decode_s": decode_s, "sentences": len(row["rows"]),
+            "pieces": len(row["pieces"]), "source_tokens": sum(map(len, row["pieces"])),
+            "target_tokens": st.target_tokens, "steps": st.steps, "row_steps": st.row_steps,
+            "occupancy": st.sentence_steps / max(st.steps * capacity, 1),
+            "refills": sched.refills if sched else 0,
+            "pruned_fraction": st.pruned / max(st.pruned + st.row_steps, 1),
+            "shortlist_size": sum(tr.shortlist_sizes) / len(tr.shortlist_sizes) if tr.shortlist_sizes else 0.0,
+            "statuses": json.dumps(statuses),
+            "bleu_stats": list(evaluation.bleu) if evaluation else None,
+            "chrf_stats": list(evaluation.chrf) if evaluation else None,
+        }
+
+
+def _node_id() -> str:
+    try:
+        import ray
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - outside Ray (tests calling the worker in-process)
+        return socket.gethostname()
+
+
+class _Metrics:
+    """Ray metrics (Prometheus, dashboard) of a decoder actor; a no-op outside Ray."""
+
+    def __init__(self) -> None:
+        try:
+            from ray.util import metrics
+            keys = ("actor",)
+            self.tokens = metrics.Counter("raymt_target_tokens", "target tokens generated", tag_keys=keys)
+            self.sentences = metrics.Counter("raymt_sentences", "sentences translated", tag_keys=keys)
+            self.occupancy = metrics.Gauge("raymt_batch_occupancy", "mean batch occupancy of the last unit", tag_keys=keys)
+            self.wait = metrics.Counter("raymt_wait_seconds", "seconds waiting for input", tag_keys=keys)
+        except Exception:  # noqa: BLE001
+            self.tokens = None
+
+    def record(self, stats: dict) -> None:
+        if self.tokens is None:
+            return
+        tags = {"actor": stats["actor"]}
+        self.tokens.inc(stats["target_tokens"], tags)
+        self.sentences.inc(stats["sentences"], tags)
+        self.occupancy.set(stats["occupancy"], tags)
+        self.wait.inc(max(stats["wait_s"], 0.0), tags)

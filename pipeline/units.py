@@ -1,0 +1,173 @@
+"""Work units: the input corpus cut into deterministic row ranges, checked before any work starts.
+
+A unit is (file, first row, end row) of one input file; its name is stable across runs, so a
+rerun of the same command finds which units are already committed (``pipeline.sink``) and skips
+them. Parquet files are planned from their footers only (row counts and schemas), so planning a
+corpus of millions of lines reads kilobytes. Rows without an id column get their global row
+number as id; every output row also carries ``row`` (its global position), so input order is
+restorable.
+
+Checks made here, before any actor starts: every file's footer is readable (else
+:class:`CorruptInput` naming the file, or the file is skipped and reported when asked), the text
+column exists and holds strings (or bytes, decoded with replacement), and the id / reference
+columns exist when named. Errors name the columns found.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.storage import storage_options
+
+logger = logging.getLogger(__name__)
+
+
+class InputError(ValueError):
+    """The input cannot be translated as asked (missing / mistyped column); raised before any work."""
+
+
+class CorruptInput(InputError):
+    """A Parquet file whose footer cannot be read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    text: str = "text"
+    id: str | None = None  # None: use "id" if present, else the global row number
+    reference: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkUnit:
+    name: str  # stable: "<file index>-<first row>"
+    path: str  # fsspec URL of the file
+    start: int  # first row within the file
+    stop: int  # one past the last row
+    offset: int  # global row number of ``start``
+    id_column: str | None  # resolved: the id column to read, or None for row numbers
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    units: tuple[WorkUnit, ...]
+    rows: int
+    skipped_files: tuple[tuple[str, str], ...] = ()  # (path, reason) of corrupt files skipped
+
+
+def list_inputs(url: str) -> list[str]:
+    """A file, or every ``*.parquet`` under a directory (sorted), as fsspec URLs."""
+    fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
+    if fs.isdir(path):
+        files = sorted(p for p in fs.find(path) if p.endswith(".parquet"))
+        if not files:
+            raise InputError(f"{url}: a directory with no .parquet files")
+    elif fs.exists(path):
+        files = [path]
+    else:
+        raise InputError(f"{url}: no such file or directory")
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return [p if protocol in ("file", "local") else f"{protocol}://{p}" for p in files]
+
+
+def plan_units(url: str, columns: Columns, unit_rows: int, *, skip_corrupt: bool = False) -> Plan:
+    """Check the input and cut it into units of at most ``unit_rows`` rows (never across files)."""
+    if unit_rows < 1:
+        raise ValueError("unit_rows must be >= 1")
+    units, offset, skipped = [], 0, []
+    for index, path in enumerate(list_inputs(url)):
+        if not path.endswith(".parquet"):
+            rows, id_column = len(read_text_lines(path)), None
+        else:
+            try:
+                schema, rows = _footer(path)
+            except Exception as e:  # noqa: BLE001 - any unreadable footer is a corrupt file
+                if not skip_corrupt:
+                    raise CorruptInput(f"{path}: not a readable Parquet file ({e})") from e
+                logger.warning("skipping corrupt Parquet file %s: %s", path, e)
+                skipped.append((path, str(e)))
+                continue
+            id_column = check_schema(path, schema, columns)
+        for start in range(0, rows, unit_rows):
+            stop = min(start + unit_rows, rows)
+            units.append(WorkUnit(f"{index:05d}-{start:010d}", path, start, stop, offset + start, id_column))
+        offset += rows
+    return Plan(tuple(units), offset, tuple(skipped))
+
+
+def _footer(path: str) -> tuple[pa.Schema, int]:
+    with fsspec.open(path, "rb", **storage_options(path)) as f:
+        meta = pq.ParquetFile(f).metadata
+        return meta.schema.to_arrow_schema(), meta.num_rows
+
+
+def check_schema(path: str, schema: pa.Schema, columns: Columns) -> str | None:
+    """The id column to use (or None); raises InputError naming the columns found."""
+    found = schema.names
+    if columns.text not in found:
+        raise InputError(f"{path}: no text column {columns.text!r}; columns found: {found}")
+    kind = schema.field(columns.text).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+            or pa.types.is_large_binary(kind)):
+        raise InputError(f"{path}: text column {columns.text!r} has type {kind}, expected string; columns found: "
+                         f"{[f'{f.name}: {f.type}' for f in schema]}")
+    for role, name in (("id", columns.id), ("reference", columns.reference)):
+        if name is not None and name not in found:
+            raise InputError(f"{path}: no {role} column {name!r}; columns found: {found}")
+    if columns.id is not None:
+        return columns.id
+    return "id" if "id" in found else None
+
+
+@dataclass(frozen=True, slots=True)
+class UnitRows:
+    ids: list
+    rows: list[int]
+    texts: list  # str | bytes | None
+    references: list[str] | None
+
+
+def read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
+    """The rows of one unit (only the needed columns and row groups of its file are read)."""
+    rows = list(range(unit.offset, unit.offset + unit.stop - unit.start))
+    if not unit.path.endswith(".parquet"):
+        texts = read_text_lines(unit.path)[unit.start: unit.stop]
+        return UnitRows(rows, rows, texts, None)
+    wanted = [c for c in (columns.text, unit.id_column, columns.reference) if c]
+    with fsspec.open(unit.path, "rb", **storage_options(unit.path)) as f:
+        pf = pq.ParquetFile(f)
+        groups, first, seen = [], None, 0
+        for g in range(pf.metadata.num_row_groups):
+            n = pf.metadata.row_group(g).num_rows
+            if seen + n > unit.start and seen < unit.stop:
+                groups.append(g)
+                first = seen if first is None else first
+            seen += n
+        table = pf.read_row_groups(groups, columns=list(dict.fromkeys(wanted)))
+    table = table.slice(unit.start - first, unit.stop - unit.start)
+    texts = _cells(table.column(columns.text))
+    ids = table.column(unit.id_column).to_pylist() if unit.id_column else rows
+    refs = None
+    if columns.reference:
+        refs = ["" if r is None else str(r) for r in table.column(columns.reference).to_pylist()]
+    return UnitRows(ids, rows, texts, refs)
+
+
+def _cells(column: pa.ChunkedArray) -> list:
+    """Text cells as str (bytes when a string cell is not valid UTF-8, so the cleaner can report it)."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        return column.cast(pa.binary()).to_pylist()
+
+
+def read_text_lines(url: str) -> list[bytes]:
+    """A text file's lines as bytes (decoded later, row by row, so one bad line cannot stop the job)."""
+    with fsspec.open(url, "rb", **storage_options(url)) as f:
+        lines = f.read().split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return [line[:-1] if line.endswith(b"\r") else line for line in lines]

@@ -1,0 +1,22 @@
+"""Smoke run of the pipeline-overhead benchmark (the full one is a benchmark, not a timed test)."""
+from __future__ import annotations
+
+import json
+
+from jobs.bench_pipeline import main
+from tests.conftest import SHARED_DATA, shared_path
+
+
+def test_bench_pipeline_smoke(demo_model_dir, tmp_path):
+    import ray
+    shared_path("wmt22", "generaltest2022.de-en.src.de")
+    try:
+        main(["--model", str(demo_model_dir), "--data", str(SHARED_DATA), "--lines", "40", "--unit-rows", "20",
+              "--threads", "1", "--out", str(tmp_path / "report")])
+    finally:
+        ray.shutdown()
+    report = json.loads((tmp_path / "report.json").read_text())
+    tokens = [r["target_tokens"] for r in report["runs"]]
+    assert tokens[0] == tokens[3] and all(abs(t - tokens[0]) <= 0.02 * tokens[0] for t in tokens[1:3])
+    assert report["ratio"] > 0 and report["actors"][0]["units"] == 2
+    assert "pipeline ÷ in-process" in (tmp_path / "report.md").read_text()

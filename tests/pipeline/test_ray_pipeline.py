@@ -1,0 +1,133 @@
+"""The translate job on a real local Ray cluster: exactly once, equal to the in-process Translator,
+resume, evaluation, bad input, a decoder actor SIGKILLed mid-job, a driver SIGKILLed and rerun."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import sacrebleu
+
+from jobs.translate import main
+from pipeline.sink import OutputStore
+from pipeline.units import InputError
+from tests.pipeline.ray_helpers import (
+    SAMPLE,
+    assert_exactly_once,
+    clean_corpus,
+    spawn_driver,
+    start_ray,
+    wait_for_commits,
+    write_corpus,
+)
+from workers.config import SearchConfig
+from workers.translator import Translator
+
+LONG = " ".join(SAMPLE * 6)  # > 512 source tokens: must be split to fit the model's positions
+BAD = [None, "", "   ", "Ein\x00 Hund\x07 läuft.", LONG, "Zwei Hunde\tspielen."]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import ray
+    address = start_ray(num_cpus=2)
+    yield address
+    ray.shutdown()
+
+
+def job(model, inp, out, *extra) -> list[str]:
+    return ["--model", str(model), "--input", str(inp), "--output", str(out), "--beam-size", "2", "--threads", "1",
+            "--unit-rows", "10", *extra]
+
+
+def test_round_trip_equals_in_process_and_resume_skips_committed(cluster, demo_model_dir, tmp_path, capsys):
+    texts = clean_corpus(40) + BAD
+    ids = [f"r{i:04d}" for i in range(len(texts))]
+    src = write_corpus(tmp_path / "in.parquet", texts)
+    out = tmp_path / "out"
+    main(job(demo_model_dir, src, out))
+    table = assert_exactly_once(str(out), ids).to_pylist()
+
+    translator = Translator.load(str(demo_model_dir), max_batch_size=32)
+    cfg = SearchConfig(beam_size=2, max_decoding_length=256, max_length_a=1.5, max_length_b=10)
+    for start in range(0, 40, 10):  # the clean units: same rows, same batches -> identical output
+        expected = [t.text for t in translator.translate(texts[start:start + 10], cfg)]
+        assert [r["translation"] for r in table[start:start + 10]] == expected
+    assert all(r["status"] == "ok" for r in table[:40])
+
+    bad = {r["id"]: r for r in table[40:]}
+    assert (bad["r0040"]["status"], bad["r0040"]["translation"], bad["r0040"]["source"]) == ("null", "", None)
+    assert (bad["r0041"]["status"], bad["r0041"]["translation"]) == ("empty", "")
+    assert bad["r0042"]["status"] == "empty"
+    assert bad["r0043"]["status"] == "normalised" and "control" in bad["r0043"]["reason"]
+    assert "dog" in bad["r0043"]["translation"].lower()
+    assert bad["r0044"]["status"] == "split" and "split into" in bad["r0044"]["reason"]
+    assert "72 pieces" in bad["r0044"]["reason"]  # one a sentence
+    assert len(bad["r0044"]["translation"].split()) > 400
+    assert bad["r0045"]["status"] == "normalised"
+    stats = OutputStore(str(out)).read_stats().to_pylist()
+    assert sum(s["sentences"] for s in stats) == len(texts)
+    assert json.loads(stats[-1]["statuses"]) == {"null": 1, "empty": 2, "normalised": 2, "split": 1}
+
+    # resume: lose one unit (part + marker), rerun the same command: only that unit is decoded again
+    store = OutputStore(str(out))
+    os.remove(out / "_manifest" / "00000-0000000020.json")
+    os.remove(out / "part-00000-0000000020.parquet")
+    capsys.readouterr()
+    main(job(demo_model_dir, src, out))
+    assert "(4 already committed)" in capsys.readouterr().out
+    assert assert_exactly_once(str(out), ids).to_pylist() == table
+    assert store.committed() == {f"00000-00000000{i}0" for i in range(5)}
+
+
+def test_txt_in_txt_out_and_evaluation_from_summed_statistics(cluster, demo_model_dir, tmp_path, capsys):
+    texts = clean_corpus(25)
+    refs = ["A man rides a bike down a street."] * 25
+    src = write_corpus(tmp_path / "in.parquet", texts, ref=refs)
+    main(job(demo_model_dir, src, tmp_path / "out.txt", "--evaluate", "--reference-column", "ref"))
+    lines = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(lines) == 25
+    printed = float(re.search(r"BLEU (\d+\.\d+)", capsys.readouterr().out).group(1))
+    assert printed == pytest.approx(sacrebleu.corpus_bleu(lines, [refs]).score, abs=0.006)
+
+
+def test_bad_columns_fail_before_any_work(cluster, demo_model_dir, tmp_path):
+    pq.write_table(pa.table({"sentence": ["Ein Hund."]}), tmp_path / "in.parquet")
+    with pytest.raises(InputError, match=r"columns found: \['sentence'\]"):
+        main(job(demo_model_dir, tmp_path / "in.parquet", tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_decoder_actor_killed_mid_job_loses_and_duplicates_nothing(cluster, demo_model_dir, tmp_path):
+    texts = clean_corpus(240)
+    src = write_corpus(tmp_path / "in.parquet", texts)
+    out = tmp_path / "out"
+    proc = spawn_driver(cluster, job(demo_model_dir, src, out, "--decoders", "1"), tmp_path / "driver.log")
+    first = wait_for_commits(str(out), 2, proc)
+    pid = int(json.loads((out / "_manifest" / f"{sorted(first)[0]}.json").read_text())["actor"].split(":")[1])
+    os.kill(pid, signal.SIGKILL)
+    assert proc.wait(timeout=300) == 0, (tmp_path / "driver.log").read_text()
+    assert_exactly_once(str(out), [f"r{i:04d}" for i in range(240)])
+    actors = {json.loads(p.read_text())["actor"] for p in (out / "_manifest").glob("*.json")}
+    assert len(actors) >= 2, "a restarted decoder actor finished the job"
+
+
+def test_driver_killed_mid_job_and_resubmitted_resumes(cluster, demo_model_dir, tmp_path, capsys):
+    texts = clean_corpus(240)
+    src = write_corpus(tmp_path / "in.parquet", texts)
+    out = tmp_path / "out"
+    proc = spawn_driver(cluster, job(demo_model_dir, src, out), tmp_path / "driver.log")
+    wait_for_commits(str(out), 2, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    committed = len(OutputStore(str(out)).committed())
+    assert 2 <= committed < 24
+    capsys.readouterr()
+    main(job(demo_model_dir, src, out))
+    skipped = int(re.search(r"\((\d+) already committed\)", capsys.readouterr().out).group(1))
+    assert skipped >= committed
+    assert_exactly_once(str(out), [f"r{i:04d}" for i in range(240)])

@@ -1,0 +1,30 @@
+"""Per-unit commits: a retried unit never appears twice; a part without its marker is not output."""
+from __future__ import annotations
+
+import pyarrow as pa
+
+from pipeline.sink import OutputStore
+
+
+def part(rows: list[int]) -> pa.Table:
+    return pa.table({"id": [f"s{r}" for r in rows], "row": pa.array(rows, pa.int64()),
+                     "translation": [f"t{r}" for r in rows]})
+
+
+def test_retried_unit_overwrites_its_part(tmp_path) -> None:
+    store = OutputStore(str(tmp_path / "out"))
+    store.commit("u1", part([2, 3]), None, {"unit": "u1"})
+    store.commit("u0", part([0, 1]), None, {"unit": "u0"})
+    store.commit("u1", part([2, 3]), None, {"unit": "u1"})  # the same unit again (a retry)
+    assert store.committed() == {"u0", "u1"}
+    assert store.read().column("row").to_pylist() == [0, 1, 2, 3]
+
+
+def test_part_without_marker_is_not_committed(tmp_path) -> None:
+    store = OutputStore(str(tmp_path / "out"))
+    store.commit("u0", part([0]), pa.table({"sentences": [1]}), {"unit": "u0"})
+    store.fs.pipe_file(store._path("part-u1.parquet"), b"half a file")  # a writer died before its marker
+    assert store.committed() == {"u0"}
+    assert store.read().column("id").to_pylist() == ["s0"]
+    assert store.read_stats().column("sentences").to_pylist() == [1]
+    assert not list((tmp_path / "out" / "_manifest").glob("*.tmp"))

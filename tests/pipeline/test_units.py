@@ -1,0 +1,66 @@
+"""Work-unit planning and reading: stable names, global rows, schema checks before any work."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.units import Columns, CorruptInput, InputError, plan_units, read_unit
+
+
+def write(path, n: int, start: int = 0, **extra) -> None:
+    pq.write_table(pa.table({"id": [f"s{start + i}" for i in range(n)], "text": [f"Satz {start + i}." for i in range(n)],
+                             **extra}), path, row_group_size=7)
+
+
+def test_units_cover_every_row_once_across_files(tmp_path) -> None:
+    write(tmp_path / "a.parquet", 23)
+    write(tmp_path / "b.parquet", 5, start=23)
+    plan = plan_units(str(tmp_path), Columns(), unit_rows=10)
+    assert plan.rows == 28
+    assert [(u.name, u.start, u.stop, u.offset) for u in plan.units] == [
+        ("00000-0000000000", 0, 10, 0), ("00000-0000000010", 10, 20, 10), ("00000-0000000020", 20, 23, 20),
+        ("00001-0000000000", 0, 5, 23)]
+    rows = [read_unit(u, Columns()) for u in plan.units]
+    assert [i for r in rows for i in r.ids] == [f"s{i}" for i in range(28)]
+    assert [i for r in rows for i in r.rows] == list(range(28))
+    assert rows[1].texts == [f"Satz {i}." for i in range(10, 20)]  # spans row groups 1 and 2
+    assert plan == plan_units(str(tmp_path), Columns(), unit_rows=10)  # stable across runs
+
+
+def test_row_numbers_are_ids_without_an_id_column(tmp_path) -> None:
+    pq.write_table(pa.table({"text": ["a", "b", "c"]}), tmp_path / "x.parquet")
+    plan = plan_units(str(tmp_path / "x.parquet"), Columns(), unit_rows=2)
+    assert [read_unit(u, Columns()).ids for u in plan.units] == [[0, 1], [2]]
+
+
+def test_text_file_units(tmp_path) -> None:
+    (tmp_path / "in.txt").write_bytes(b"eins\r\nzwei\n\ndrei \xff\n")
+    plan = plan_units(str(tmp_path / "in.txt"), Columns(), unit_rows=3)
+    assert [read_unit(u, Columns()).texts for u in plan.units] == [[b"eins", b"zwei", b""], [b"drei \xff"]]
+
+
+@pytest.mark.parametrize("table, columns, message", [
+    (pa.table({"sentence": ["a"]}), Columns(), "no text column 'text'; columns found: ['sentence']"),
+    (pa.table({"text": [1, 2]}), Columns(), "text column 'text' has type int64, expected string"),
+    (pa.table({"text": ["a"]}), Columns(id="key"), "no id column 'key'; columns found: ['text']"),
+    (pa.table({"text": ["a"]}), Columns(reference="ref"), "no reference column 'ref'"),
+])
+def test_bad_columns_fail_before_any_work_naming_the_columns(tmp_path, table, columns, message) -> None:
+    pq.write_table(table, tmp_path / "x.parquet")
+    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        plan_units(str(tmp_path), columns, unit_rows=10)
+
+
+def test_corrupt_parquet_names_the_file_or_is_skipped(tmp_path) -> None:
+    write(tmp_path / "a.parquet", 3)
+    (tmp_path / "b.parquet").write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(CorruptInput, match="b.parquet"):
+        plan_units(str(tmp_path), Columns(), unit_rows=10)
+    plan = plan_units(str(tmp_path), Columns(), unit_rows=10, skip_corrupt=True)
+    assert plan.rows == 3 and len(plan.skipped_files) == 1 and plan.skipped_files[0][0].endswith("b.parquet")
+
+
+def test_missing_input_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(InputError, match="no such file"):
+        plan_units(str(tmp_path / "nope.parquet"), Columns(), unit_rows=10)
