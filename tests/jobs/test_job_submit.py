@@ -8,7 +8,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -28,29 +31,43 @@ def ray_cli() -> list[str]:
     return [exe]
 
 
+def wait_for_job_server(url: str, head: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert head.poll() is None, "ray start --head exited"
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return
+        except urllib.error.HTTPError:
+            return  # it answers (401 when Ray's token authentication is on: the CLI sends the token)
+        except OSError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"the job server at {url} did not come up in {timeout}s")
+
+
 def test_ray_job_submit_runs_the_translate_job(demo_model_dir, tmp_path):
     gcs, dash = free_port(), free_port()
+    short_tmp = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # Ray's socket paths must stay < 108 chars
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")  # a private local test cluster
     head = subprocess.Popen([*ray_cli(), "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2",
                              "--include-dashboard=true", f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1",
-                             f"--temp-dir={tmp_path / 'ray'}"], env=env, stdout=subprocess.DEVNULL,
+                             f"--temp-dir={short_tmp}"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
         out = tmp_path / "out.en.txt"
         cmd = [*ray_cli(), "job", "submit", f"--address=http://127.0.0.1:{dash}", "--working-dir", ".", "--",
                "python", "-m", "jobs.translate", "--model", "models/demo-de-en", "--input", "examples/sample.de.txt",
                "--output", str(out), "--beam-size", "2", "--threads", "1"]
-        deadline, done = time.time() + 240, None
-        while time.time() < deadline:  # the dashboard's job server needs a few seconds after start
-            done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
-            if "Failed to connect" not in done.stdout + done.stderr and "Connection refused" not in done.stderr:
-                break
-            time.sleep(2)
-        assert done is not None and done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        wait_for_job_server(f"http://127.0.0.1:{dash}/api/version", head)
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "succeeded" in done.stdout
         lines = out.read_text(encoding="utf-8").split("\n")[:-1]
         assert len(lines) == 12 and "dog" in lines[3].lower()
     finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        head.wait(timeout=60)
+        if head.poll() is None:
+            os.killpg(head.pid, signal.SIGTERM)
+            head.wait(timeout=60)
+        shutil.rmtree(short_tmp, ignore_errors=True)
