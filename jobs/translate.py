@@ -33,7 +33,7 @@ from pipeline.shortlists import load_shortlist
 from pipeline.sink import OutputStore
 from pipeline.storage import model_reader, storage_options
 from pipeline.units import Columns
-from workers.config import PruningConfig, SearchConfig
+from workers.config import FAST_PRUNING, PruningConfig, SearchConfig
 from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from workers.translator import Translator
 
@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mc", type=int, help="max candidates per node (same history)")
     g.add_argument("--delta", type=float, help="absolute threshold against the best candidate, finished ones included")
     g.add_argument("--early-stop", action="store_true", help="drop beams below the best finished hypothesis")
+    g.add_argument("--fast", action="store_true", help="the measured fast default (workers.config.FAST_PRUNING: "
+                   "rp 0.6) unless heuristics are given explicitly; see reports/search.md")
     g = p.add_argument_group("batching (Yang et al. 2020 VAR-STREAM; top-up batching)")
     g.add_argument("--batching", choices=["batch", *[x.value for x in Policy]], default="batch",
                    help="batch: length-sorted batches decoded to the end; otherwise the streaming decoder")
@@ -91,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
 def search_config(args: argparse.Namespace) -> SearchConfig:
     pruning = PruningConfig(rp=args.rp, ap=args.ap, rpl=args.rpl, mc=args.mc, delta=args.delta,
                             early_stop=args.early_stop)
+    if args.fast and not pruning.active:
+        pruning = FAST_PRUNING
     return SearchConfig(beam_size=args.beam_size, num_hypotheses=args.nbest, length_penalty=args.length_penalty,
                         max_decoding_length=args.max_length, max_length_a=args.max_length_a,
                         max_length_b=args.max_length_b, pruning=pruning)

@@ -46,7 +46,7 @@ def test_self_built_table_drives_a_shortlisted_translation(demo_model_dir, tmp_p
     build(["--model", str(demo_model_dir), "--source", str(src), "--self-built", "--beam-size", "2",
            "--output", str(table)])
     out = tmp_path / "out.parquet"
-    translate(["--model", str(demo_model_dir), "--input", str(SAMPLE), "--output", str(out), "--beam-size", "2",
+    translate(["--in-process", "--model", str(demo_model_dir), "--input", str(SAMPLE), "--output", str(out), "--beam-size", "2",
                "--shortlist", str(table), "--shortlist-m", "20", "--shortlist-n", "200"])
     rows = pq.read_table(out).to_pylist()
     assert len(rows) == len(SAMPLE.read_text(encoding="utf-8").split("\n")[:-1])

@@ -12,7 +12,7 @@ SAMPLE = ROOT / "examples" / "sample.de.txt"
 
 def test_txt_to_txt_keeps_line_count_and_order(demo_model_dir, tmp_path):
     out = tmp_path / "out.en.txt"
-    main(["--model", str(demo_model_dir), "--input", str(SAMPLE), "--output", str(out), "--beam-size", "2"])
+    main(["--in-process", "--model", str(demo_model_dir), "--input", str(SAMPLE), "--output", str(out), "--beam-size", "2"])
     lines = out.read_text(encoding="utf-8").split("\n")[:-1]
     sources = SAMPLE.read_text(encoding="utf-8").split("\n")[:-1]
     assert len(lines) == len(sources)
@@ -25,7 +25,7 @@ def test_parquet_to_parquet_with_ids_and_nbest(demo_model_dir, tmp_path):
     texts = ["Ein Hund läuft.", "", "Zwei Männer spielen Fußball."]
     pq.write_table(pa.table({"id": ["a", "b", "c"], "text": texts}), src)
     out = tmp_path / "out.parquet"
-    main(["--model", str(demo_model_dir), "--input", str(src), "--output", str(out),
+    main(["--in-process", "--model", str(demo_model_dir), "--input", str(src), "--output", str(out),
           "--beam-size", "3", "--nbest", "3"])
     table = pq.read_table(out).to_pylist()
     assert [r["id"] for r in table] == ["a", "b", "c"]
@@ -44,14 +44,23 @@ def test_missing_text_column_names_columns(demo_model_dir, tmp_path):
     pq.write_table(pa.table({"sentence": ["Hallo"]}), src)
     import pytest
     with pytest.raises(ValueError, match="columns found"):
-        main(["--model", str(demo_model_dir), "--input", str(src), "--output", str(tmp_path / "o.txt")])
+        main(["--in-process", "--model", str(demo_model_dir), "--input", str(src), "--output", str(tmp_path / "o.txt")])
 
 
 def test_streaming_batching_gives_the_batch_output(demo_model_dir, tmp_path):
     outputs = {}
     for mode in ("batch", "var-stream", "topup"):
         out = tmp_path / f"{mode}.txt"
-        main(["--model", str(demo_model_dir), "--input", str(SAMPLE), "--output", str(out), "--beam-size", "3",
+        main(["--in-process", "--model", str(demo_model_dir), "--input", str(SAMPLE), "--output", str(out), "--beam-size", "3",
               "--batching", mode, "--max-batch-size", "4"])
         outputs[mode] = out.read_text(encoding="utf-8")
     assert outputs["var-stream"] == outputs["batch"] == outputs["topup"]
+
+
+def test_fast_preset_is_the_measured_pruning_unless_heuristics_are_given():
+    from jobs.translate import build_parser, search_config
+    from workers.config import FAST_PRUNING
+    base = ["--model", "m", "--input", "i", "--output", "o"]
+    assert search_config(build_parser().parse_args(base)).pruning.active is False  # exact by default
+    assert search_config(build_parser().parse_args([*base, "--fast"])).pruning == FAST_PRUNING
+    assert search_config(build_parser().parse_args([*base, "--fast", "--ap", "2.5"])).pruning.signature() == "ap:2.5"
