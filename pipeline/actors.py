@@ -140,9 +140,10 @@ class DecoderWorker:
         texts, scores = [[] for _ in range(n)], [0.0] * n
         nbest: list[list[dict]] = [[] for _ in range(n)]
         for i, h in zip(row["piece_row"], hyps):
-            texts[i].append(tok.decode(list(h[0].tokens)))
+            piece_nbest = [{"text": tok.decode(list(x.tokens)), "score": x.score} for x in h]  # decoded once
+            texts[i].append(piece_nbest[0]["text"])
             scores[i] += h[0].score
-            nbest[i].append([{"text": tok.decode(list(x.tokens)), "score": x.score} for x in h])
+            nbest[i].append(piece_nbest)
         joined = [" ".join(t) for t in texts]
         nbest_rows = [b[0] if len(b) == 1 else [{"text": joined[i], "score": scores[i]}] if b else [] for i, b in enumerate(nbest)]
         table = pa.table({

@@ -63,7 +63,7 @@ class OutputStore:
         self._put(self._path("_manifest", f"{unit}.json"), json.dumps(manifest).encode())
 
     def _put(self, path: str, data: bytes) -> None:
-        if self.fs.protocol in ("file", "local") or "file" in tuple(self.fs.protocol):
+        if "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)):
             tmp = f"{path}.{uuid.uuid4().hex}.tmp"
             with self.fs.open(tmp, "wb") as f:
                 f.write(data)

@@ -48,6 +48,17 @@ class RowTop:
     tokens: Tensor
 
 
+def _force_eos(top: RowTop, force_eos: Tensor | None, eos_id: int) -> RowTop:
+    """Rows where ``force_eos`` (N,) is set keep only EOS, at log-prob 0 (HF's ForcedEOS processor)."""
+    if force_eos is None or not bool(force_eos.any()):
+        return top
+    forced_lp = torch.full_like(top.log_probs, NEG_INF)
+    forced_lp[:, 0] = 0.0
+    forced_tok = torch.full_like(top.tokens, eos_id)
+    return RowTop(torch.where(force_eos[:, None], forced_lp, top.log_probs),
+                  torch.where(force_eos[:, None], forced_tok, top.tokens))
+
+
 def row_top_log_probs(logits: Tensor, num: int, pad_id: int, force_eos: Tensor | None = None,
                       eos_id: int = 0, token_ids: Tensor | None = None) -> RowTop:
     """Output step: logits (N, V) -> each row's ``num`` best log-probs, ``<pad>`` banned.
@@ -66,13 +77,7 @@ def row_top_log_probs(logits: Tensor, num: int, pad_id: int, force_eos: Tensor |
     log_probs, tokens = torch.topk(lp, min(num, lp.shape[1]), dim=1)  # (N, M)
     if token_ids is not None:
         tokens = token_ids[tokens]
-    if force_eos is not None and bool(force_eos.any()):
-        forced_lp = torch.full_like(log_probs, NEG_INF)
-        forced_lp[:, 0] = 0.0
-        forced_tok = torch.full_like(tokens, eos_id)
-        log_probs = torch.where(force_eos[:, None], forced_lp, log_probs)
-        tokens = torch.where(force_eos[:, None], forced_tok, tokens)
-    return RowTop(log_probs, tokens)
+    return _force_eos(RowTop(log_probs, tokens), force_eos, eos_id)
 
 
 def row_top_log_probs_fused(logits: Tensor, num: int, pad_id: int, force_eos: Tensor | None = None,
@@ -95,13 +100,7 @@ def row_top_log_probs_fused(logits: Tensor, num: int, pad_id: int, force_eos: Te
     values, order = torch.topk(values, min(num, v), dim=1)  # (N, M): pad (now -inf) sorted out
     tokens = tokens.gather(1, order)
     log_probs = values - lse
-    if force_eos is not None and bool(force_eos.any()):
-        forced_lp = torch.full_like(log_probs, NEG_INF)
-        forced_lp[:, 0] = 0.0
-        forced_tok = torch.full_like(tokens, eos_id)
-        log_probs = torch.where(force_eos[:, None], forced_lp, log_probs)
-        tokens = torch.where(force_eos[:, None], forced_tok, tokens)
-    return RowTop(log_probs, tokens)
+    return _force_eos(RowTop(log_probs, tokens), force_eos, eos_id)
 
 
 @dataclass(frozen=True)
