@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from pipeline.actors import DecoderSettings
 from pipeline.corpus import read_corpus, write_translations
 from pipeline.reports import markdown_table
-from pipeline.run import PipelineConfig, actor_table, run_pipeline
+from pipeline.run import PipelineConfig, UnitsFailed, actor_table, run_pipeline
 from pipeline.shortlists import load_shortlist
 from pipeline.sink import OutputStore
 from pipeline.storage import model_reader, storage_options
@@ -164,7 +164,10 @@ def run_on_ray(args: argparse.Namespace, cfg: SearchConfig) -> None:
     if args.evaluate and not args.reference_column:
         raise SystemExit("--evaluate needs --reference-column (a Parquet input with references)")
     pc = pipeline_config(args, cfg)
-    result = run_pipeline(pc)
+    try:
+        result = run_pipeline(pc)
+    except UnitsFailed as e:
+        raise SystemExit(f"error: {e}") from e
     store = OutputStore(pc.decoder.output)
     if pc.decoder.output != local_path(args.output):
         assemble(store, args.output)

@@ -1,9 +1,11 @@
-"""The Ray Data actor shells: EncoderWorker (read, clean, tokenise, cut to fit, sort) and
-DecoderWorker (decode a unit with the engine, commit its part, return its stats row).
+"""The actor shells: EncoderWorker (read, clean, tokenise, cut to fit) and DecoderWorker (decode a
+unit with the engine, commit its part, return its stats row).
 
-Both are plain callable classes (Ray Data runs them in an actor pool); each call takes Arrow
-batches of work units, one row a unit. The math lives in ``workers/``; these classes only move
-rows between Arrow and lists and time things.
+EncoderWorker is a callable class Ray Data runs in an actor pool (Arrow batches of work units, one
+row a unit). DecoderWorker is a plain Ray actor the driver feeds (``pipeline/run.py``): plain
+actors run their methods on the process's main thread, where torch's intra-op threads decode at the
+in-process engine's speed. The math lives in ``workers/``; these classes only move rows between
+Arrow and lists and time things.
 """
 from __future__ import annotations
 
@@ -57,8 +59,17 @@ class EncoderWorker:
         self.limit = self.translator.checkpoint.model.config.max_position_embeddings
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return pa.Table.from_pylist([self.encode_unit(WorkUnit(**json.loads(u)))
-                                     for u in batch.column("unit").to_pylist()])
+        """Ray Data's call. A unit that cannot be read (a corrupt row group) comes back as a row with
+        its ``error``: the decoder skips it, and the driver's sweep retries it and reports it."""
+        rows = []
+        for u in batch.column("unit").to_pylist():
+            try:
+                rows.append({**self.encode_unit(WorkUnit(**json.loads(u))), "error": None})
+            except Exception as e:  # noqa: BLE001 - one unreadable unit must not stop the stream
+                logger.warning("cannot encode unit %s: %s", u, e)
+                rows.append({"unit": u, "error": f"{type(e).__name__}: {e}"})
+        keys = dict.fromkeys(k for r in rows for k in r)  # error rows: the other columns null
+        return pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in rows])
 
     def encode_unit(self, unit: WorkUnit) -> dict:
         start = time.perf_counter()
@@ -86,12 +97,10 @@ class EncoderWorker:
 
 
 class DecoderWorker:
-    """encoded unit rows -> the unit's part committed to the output, and one stats row per unit.
+    """encoded units (or raw ones, tokenised here) -> each unit's part committed to the output and
+    its stats row returned."""
 
-    With ``columns`` it takes plain unit rows and tokenises them itself (no encoder pool).
-    """
-
-    def __init__(self, settings: DecoderSettings, columns: Columns | None = None) -> None:
+    def __init__(self, settings: DecoderSettings, columns: Columns) -> None:
         self.settings = settings
         self.translator = Translator.load(model_reader(settings.model), threads=settings.threads,
                                           max_batch_size=settings.max_batch_size)
@@ -106,13 +115,15 @@ class DecoderWorker:
         self.node = _node_id()
         self.last_done = time.time()
         self.metrics = _Metrics()
-        self.encoder = EncoderWorker(self.translator, columns) if columns is not None else None
+        self.encoder = EncoderWorker(self.translator, columns)
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = batch.to_pylist()
-        if self.encoder is not None:
-            rows = [self.encoder.encode_unit(WorkUnit(**json.loads(r["unit"]))) for r in rows]
-        return pa.Table.from_pylist([self.decode_unit(row) for row in rows])
+    def ready(self) -> str:
+        return self.actor
+
+    def decode(self, item: pa.Table | list[WorkUnit]) -> list[dict]:
+        """An encoder's output block, or units to read and tokenise here -> one stats row a unit."""
+        rows = item.to_pylist() if isinstance(item, pa.Table) else [self.encoder.encode_unit(u) for u in item]
+        return [self.decode_unit(row) for row in rows if not row.get("error")]
 
     def decode_unit(self, row: dict) -> dict:
         started = time.time()

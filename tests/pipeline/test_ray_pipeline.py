@@ -131,3 +131,26 @@ def test_driver_killed_mid_job_and_resubmitted_resumes(cluster, demo_model_dir, 
     skipped = int(re.search(r"\((\d+) already committed\)", capsys.readouterr().out).group(1))
     assert skipped >= committed
     assert_exactly_once(str(out), [f"r{i:04d}" for i in range(240)])
+
+
+def corrupt_row_group(path, group: int) -> None:
+    """Overwrite the header of one row group's text data page; the footer stays readable."""
+    column = pq.ParquetFile(path).metadata.row_group(group).column(1)
+    data = bytearray(path.read_bytes())
+    data[column.data_page_offset:column.data_page_offset + 16] = b"\xff" * 16
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("encoders", ["1", "0"])
+def test_unreadable_unit_fails_alone_after_its_attempts_and_the_rest_is_committed(cluster, demo_model_dir, tmp_path,
+                                                                                 encoders):
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": [f"r{i:04d}" for i in range(40)], "text": clean_corpus(40)}), src,
+                   row_group_size=10, compression="snappy")
+    corrupt_row_group(src, 2)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=r"1 unit\(s\) failed every attempt(.|\n)*00000-0000000020: \w+"):
+        main(job(demo_model_dir, src, out, "--encoders", encoders))
+    store = OutputStore(str(out))
+    assert store.committed() == {"00000-0000000000", "00000-0000000010", "00000-0000000030"}
+    assert not (out / "_SUCCESS").exists()
