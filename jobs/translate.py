@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cpus-per-decoder", type=float, default=0, help="CPUs reserved per decoder (0: --threads)")
     g.add_argument("--gpus-per-decoder", type=float, default=0)
     g.add_argument("--skip-corrupt", action="store_true", help="skip unreadable Parquet files (reported) instead of failing")
+    g.add_argument("--report", action="store_true",
+                   help="after the job, render the per-actor stats as <output>.report.png / .html (jobs/report.py)")
     return p
 
 
@@ -181,6 +183,9 @@ def run_on_ray(args: argparse.Namespace, cfg: SearchConfig) -> None:
         print(markdown_table(actor_table(stats)))
     if result.scores:
         print(result.scores)
+    if args.report:
+        from jobs.report import report
+        report(pc.decoder.output, None if "://" not in args.output else "report")
 
 
 def assemble(store: OutputStore, url: str) -> None:

@@ -88,11 +88,16 @@ def test_txt_in_txt_out_and_evaluation_from_summed_statistics(cluster, demo_mode
     texts = clean_corpus(25)
     refs = ["A man rides a bike down a street."] * 25
     src = write_corpus(tmp_path / "in.parquet", texts, ref=refs)
-    main(job(demo_model_dir, src, tmp_path / "out.txt", "--evaluate", "--reference-column", "ref"))
+    main(job(demo_model_dir, src, tmp_path / "out.txt", "--evaluate", "--reference-column", "ref", "--report"))
     lines = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")[:-1]
     assert len(lines) == 25
     printed = float(re.search(r"BLEU (\d+\.\d+)", capsys.readouterr().out).group(1))
     assert printed == pytest.approx(sacrebleu.corpus_bleu(lines, [refs]).score, abs=0.006)
+
+    # --report: the PNG and a page that embeds it, with the per-actor table and the batch histogram
+    png, page = tmp_path / "out.txt.report.png", (tmp_path / "out.txt.report.html").read_text(encoding="utf-8")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "data:image/png;base64," in page and "<th>tgt_tok_per_s</th>" in page and "sentences</b>: 25" in page
 
 
 def test_bad_columns_fail_before_any_work(cluster, demo_model_dir, tmp_path):
