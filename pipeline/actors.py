@@ -44,6 +44,8 @@ class DecoderSettings:
     shortlist_m: int = 50
     shortlist_n: int = 100
     evaluate: bool = False
+    token_logprobs: bool = False  # teacher-forced log-prob of each token of the best translation (distillation)
+    keep_reference: bool = False  # the reference column travels to the output (a distillation bitext's target)
 
 
 def unit_to_row(unit: WorkUnit) -> dict:
@@ -135,6 +137,10 @@ class DecoderWorker:
         hyps = tr.translate_ids(row["pieces"], self.settings.search, self.shortlist, self.settings.batching)
         decode_s = time.perf_counter() - t0
         table, texts = self._output_table(row, hyps)
+        if self.settings.keep_reference:
+            table = table.append_column("reference", pa.array(row["references"] or [None] * len(texts), pa.string()))
+        if self.settings.token_logprobs:
+            table = table.append_column("token_logprobs", self._token_logprobs(row, hyps))
         evaluation = None
         if self.settings.evaluate and row["references"] is not None:
             evaluation = sufficient_stats(texts, row["references"])
@@ -164,6 +170,14 @@ class DecoderWorker:
             "nbest": pa.array(nbest_rows, pa.list_(pa.struct([("text", pa.string()), ("score", pa.float32())]))),
             "status": row["statuses"], "reason": row["reasons"], "signature": [self.settings.signature] * n})
         return table, joined
+
+    def _token_logprobs(self, row: dict, hyps: list) -> pa.Array:
+        """Per row: the teacher's log-prob of each token of its best translation (pieces joined)."""
+        scores = self.translator.score_ids(row["pieces"], [list(h[0].tokens) for h in hyps])
+        per_row: list[list[float]] = [[] for _ in row["rows"]]
+        for i, s in zip(row["piece_row"], scores):
+            per_row[i] += s
+        return pa.array(per_row, pa.list_(pa.float32()))
 
     def _stats_row(self, unit: WorkUnit, row: dict, started: float, wait_s: float, decode_s: float,
                    evaluation: EvalStats | None) -> dict:

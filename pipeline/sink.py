@@ -77,9 +77,23 @@ class OutputStore:
 
     def read(self) -> pa.Table:
         """Every committed row, in input order (sorted by ``row``)."""
-        parts = [self._read(self._path(f"part-{u}.parquet")) for u in sorted(self.committed())]
-        table = pa.concat_tables(parts) if parts else OUTPUT_SCHEMA.empty_table()
+        parts = [self.read_part(u) for u in sorted(self.committed())]
+        table = pa.concat_tables(parts, promote_options="default") if parts else OUTPUT_SCHEMA.empty_table()
         return table.sort_by("row")
+
+    def read_part(self, unit: str) -> pa.Table:
+        return self._read(self._path(f"part-{unit}.parquet"))
+
+    def write_table(self, name: str, table: pa.Table) -> None:
+        """A derived file under the output (e.g. ``distilled/part-<unit>.parquet``)."""
+        path = self._path(name)
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        with self.fs.open(path, "wb") as f:
+            pq.write_table(table, f)
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        self.fs.makedirs(self._path(name).rsplit("/", 1)[0], exist_ok=True)
+        self._put(self._path(name), data)
 
     def read_stats(self) -> pa.Table | None:
         folder = self._path("_stats")

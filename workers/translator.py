@@ -17,6 +17,7 @@ from workers.scheduler import SchedulerConfig, SchedulerStats
 from workers.search import Hypothesis
 from workers.shortlist import Shortlist
 from workers.stream import StreamDecoder
+from workers.training import collate
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,22 @@ class Translator:
         out: list[list[Hypothesis]] = [[] for _ in sources]
         for i, h in zip(order, hyps):
             out[i] = h
+        return out
+
+    @torch.inference_mode()
+    def score_ids(self, sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
+        """Teacher-forced log-probability of every target token (its EOS included) given its source:
+        the model's own distribution, without the search's shortlist or forced EOS."""
+        mc = self.checkpoint.model.config
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i]) + len(targets[i]))
+        out: list[list[float]] = [[] for _ in sources]
+        for start in range(0, len(order), self.max_batch_size):
+            idx = order[start: start + self.max_batch_size]
+            batch = collate([(sources[i], targets[i]) for i in idx], mc.pad_token_id, mc.decoder_start_token_id)
+            logits = self.checkpoint.model(batch.src_ids, batch.src_mask, batch.tgt_in)  # (B, T, V)
+            lprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, batch.labels[..., None]).squeeze(-1)  # (B, T)
+            for row, i in enumerate(idx):
+                out[i] = lprobs[row, : len(targets[i])].tolist()
         return out
 
     def special_target_ids(self) -> tuple[int, ...]:
