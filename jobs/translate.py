@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length-a", type=float, default=1.5, help="per-sentence cap a * source_length + b")
     p.add_argument("--max-length-b", type=int, default=10)
     p.add_argument("--max-batch-size", type=int, default=32, help="sentences per decoding batch")
+    p.add_argument("--tune-batch", action="store_true",
+                   help="closed-loop batch size from measured throughput and free memory, starting at "
+                        "--max-batch-size; a batch that runs out of memory is split and retried")
     g = p.add_argument_group("beam pruning (Freitag & Al-Onaizan 2017; Yang et al. 2020); all off by default")
     g.add_argument("--rp", type=float, help="relative threshold: drop p(cand) <= rp * p(best)")
     g.add_argument("--ap", type=float, help="absolute threshold: drop log p(cand) <= log p(best) - ap")
@@ -128,6 +131,8 @@ def run_in_process(args: argparse.Namespace, cfg: SearchConfig) -> None:
     translator = Translator.load(model_reader(args.model), threads=args.threads or None,
                                  max_batch_size=args.max_batch_size)
     shortlist = load_shortlist_for(args, translator)
+    if args.tune_batch:
+        translator.tune_batches(cfg)
     start = time.perf_counter()
     translations = translator.translate(corpus.texts, cfg, shortlist, scheduler_config(args))
     elapsed = time.perf_counter() - start
@@ -138,6 +143,8 @@ def run_in_process(args: argparse.Namespace, cfg: SearchConfig) -> None:
     if translator.shortlist_sizes:
         sizes = translator.shortlist_sizes
         print(f"shortlist: {sum(sizes) / len(sizes):.0f} candidates per batch on average (max {max(sizes)})")
+    if translator.tuner:
+        print(f"tuned batch size: {translator.tuner.size} (cap {translator.tuner.cap})")
 
 
 def pipeline_config(args: argparse.Namespace, cfg: SearchConfig) -> PipelineConfig:
@@ -146,7 +153,7 @@ def pipeline_config(args: argparse.Namespace, cfg: SearchConfig) -> PipelineConf
         model=local_path(args.model), output=local_path(args.output + ".parts" if single_file else args.output),
         search=cfg, batching=scheduler_config(args), signature=signature(args, cfg), threads=args.threads or 2,
         max_batch_size=args.max_batch_size, shortlist=args.shortlist and local_path(args.shortlist),
-        shortlist_m=args.shortlist_m, shortlist_n=args.shortlist_n, evaluate=args.evaluate)
+        shortlist_m=args.shortlist_m, shortlist_n=args.shortlist_n, evaluate=args.evaluate, tune_batch=args.tune_batch)
     decoders = args.decoders
     if args.min_decoders is not None or args.max_decoders is not None:
         decoders = (args.min_decoders or 1, args.max_decoders or max(args.min_decoders or 1, 1))

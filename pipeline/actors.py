@@ -44,6 +44,7 @@ class DecoderSettings:
     shortlist_m: int = 50
     shortlist_n: int = 100
     evaluate: bool = False
+    tune_batch: bool = False  # closed-loop batch size (workers/tuning.py) instead of max_batch_size
     token_logprobs: bool = False  # teacher-forced log-prob of each token of the best translation (distillation)
     keep_reference: bool = False  # the reference column travels to the output (a distillation bitext's target)
 
@@ -106,6 +107,8 @@ class DecoderWorker:
         self.settings = settings
         self.translator = Translator.load(model_reader(settings.model), threads=settings.threads,
                                           max_batch_size=settings.max_batch_size)
+        if settings.tune_batch:
+            self.translator.tune_batches(settings.search)
         self.shortlist = None
         if settings.shortlist:
             from pipeline.shortlists import load_shortlist
@@ -194,6 +197,8 @@ class DecoderWorker:
             "target_tokens": st.target_tokens, "steps": st.steps, "row_steps": st.row_steps,
             "occupancy": st.sentence_steps / max(st.steps * capacity, 1),
             "refills": sched.refills if sched else 0,
+            "batch_size": tr.tuner.size if tr.tuner else (self.settings.batching.max_batch_sentences
+                                                          if self.settings.batching else tr.max_batch_size),
             "pruned_fraction": st.pruned / max(st.pruned + st.row_steps, 1),
             "shortlist_size": sum(tr.shortlist_sizes) / len(tr.shortlist_sizes) if tr.shortlist_sizes else 0.0,
             "statuses": json.dumps(statuses),

@@ -6,6 +6,7 @@ in input order. Empty input gives an empty translation without running the model
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +19,7 @@ from workers.search import Hypothesis
 from workers.shortlist import Shortlist
 from workers.stream import StreamDecoder
 from workers.training import collate
+from workers.tuning import BatchTuner, TunerConfig, available_memory, bytes_per_sentence
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,7 @@ class Translator:
     shortlist_sizes: list[int] = field(default_factory=list)  # candidate-set size of every batch
     sort_by_length: bool = True  # streaming: feed sources sorted by length (bucketing) or as given
     scheduler_stats: SchedulerStats | None = None  # of the last streaming call
+    tuner: BatchTuner | None = None  # closed-loop batch size (batch mode); None: max_batch_size
 
     @classmethod
     def load(cls, model: str | Reader, *, threads: int | None = None, max_batch_size: int = 32) -> "Translator":
@@ -76,25 +79,60 @@ class Translator:
         """
         if batching is not None:
             return self._stream(sources, cfg, shortlist, batching)
-        mc = self.checkpoint.model.config
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         out: list[list[Hypothesis]] = [[] for _ in sources]
-        search = greedy_search if cfg.beam_size == 1 else beam_search
-        for start in range(0, len(order), self.max_batch_size):
-            idx = order[start: start + self.max_batch_size]
-            s = max(len(sources[i]) for i in idx)
-            src_ids = torch.full((len(idx), s), mc.pad_token_id, dtype=torch.long)
-            src_mask = torch.zeros((len(idx), s), dtype=torch.bool)
-            for row, i in enumerate(idx):
-                src_ids[row, : len(sources[i])] = torch.tensor(sources[i])
-                src_mask[row, : len(sources[i])] = True
-            candidates = shortlist.candidates([sources[i] for i in idx]) if shortlist else None
-            if candidates is not None:
-                self.shortlist_sizes.append(candidates.numel())
-            for i, hyps in zip(idx, search(self.checkpoint.model, src_ids, src_mask, cfg, forced_eos=self.forced_eos,
-                                           candidates=candidates, stats=self.stats)):
+        start = 0
+        while start < len(order):
+            size = self.tuner.next_size() if self.tuner else self.max_batch_size
+            idx = order[start: start + size]
+            tokens, t0 = self.stats.target_tokens, time.perf_counter()
+            for i, hyps in zip(idx, self._decode_batch([sources[i] for i in idx], cfg, shortlist)):
                 out[i] = hyps
+            if self.tuner:
+                self.tuner.record(len(idx), self.stats.target_tokens - tokens, time.perf_counter() - t0)
+            start += len(idx)
         return out
+
+    def tune_batches(self, cfg: SearchConfig, tuner: TunerConfig | None = None) -> BatchTuner:
+        """Closed-loop batch size from here on, starting at ``max_batch_size``, capped by free memory."""
+        mc = self.checkpoint.model.config
+        self.tuner = BatchTuner(tuner or TunerConfig(start=self.max_batch_size))
+        free = available_memory()
+        if free:
+            self.tuner.limit_memory(free, bytes_per_sentence(
+                layers=mc.decoder_layers, d_model=mc.d_model, vocab=mc.decoder_vocab_size, beam=cfg.beam_size,
+                max_target=min(cfg.max_decoding_length, mc.max_position_embeddings),
+                max_source=mc.max_position_embeddings))
+        return self.tuner
+
+    def _decode_batch(self, sources: list[list[int]], cfg: SearchConfig,
+                      shortlist: Shortlist | None) -> list[list[Hypothesis]]:
+        """One batch; out of memory, it is split in halves and retried (and the tuner's cap lowered)."""
+        try:
+            return self._search(sources, cfg, shortlist)
+        except (torch.OutOfMemoryError, MemoryError):
+            if len(sources) == 1:
+                raise
+            logger.warning("out of memory with a batch of %d sentences: splitting it", len(sources))
+            if self.tuner:
+                self.tuner.out_of_memory(len(sources))
+            half = len(sources) // 2
+            return self._decode_batch(sources[:half], cfg, shortlist) + self._decode_batch(sources[half:], cfg, shortlist)
+
+    def _search(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None) -> list[list[Hypothesis]]:
+        mc = self.checkpoint.model.config
+        s = max(len(x) for x in sources)
+        src_ids = torch.full((len(sources), s), mc.pad_token_id, dtype=torch.long)
+        src_mask = torch.zeros((len(sources), s), dtype=torch.bool)
+        for row, x in enumerate(sources):
+            src_ids[row, : len(x)] = torch.tensor(x)
+            src_mask[row, : len(x)] = True
+        candidates = shortlist.candidates(sources) if shortlist else None
+        if candidates is not None:
+            self.shortlist_sizes.append(candidates.numel())
+        search = greedy_search if cfg.beam_size == 1 else beam_search
+        return search(self.checkpoint.model, src_ids, src_mask, cfg, forced_eos=self.forced_eos,
+                      candidates=candidates, stats=self.stats)
 
     def _stream(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
                 batching: SchedulerConfig) -> list[list[Hypothesis]]:
