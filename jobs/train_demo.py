@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="models/demo-de-en")
     p.add_argument("--work-dir", default="/tmp/demo-de-en-train")
     p.add_argument("--minutes", type=float, default=75.0)
+    p.add_argument("--train-parquet", help="train on distilled data instead (jobs/distill.py's <output>/distilled: "
+                                           "source -> translation of the rows with keep)")
     p.add_argument("--vocab-size", type=int, default=8000)
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--encoder-layers", type=int, default=4)

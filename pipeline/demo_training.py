@@ -69,9 +69,23 @@ def validation_nll(model: MarianModel, pairs, cfg: ModelConfig) -> float:
     return total / count
 
 
+def read_distilled(path: str, source: str = "source", target: str = "translation") -> tuple[list[str], list[str]]:
+    """Source and target texts of the rows a distillation run kept (``keep``; all rows without it)."""
+    import pyarrow.parquet as pq
+    table = pq.read_table(path, columns=None)
+    keep = table.column("keep").to_pylist() if "keep" in table.column_names else [True] * table.num_rows
+    pairs = [(s, t) for s, t, k in zip(table.column(source).to_pylist(), table.column(target).to_pylist(), keep)
+             if k and s and t]
+    return [s for s, _ in pairs], [t for _, t in pairs]
+
+
 def train(args: argparse.Namespace, model_cfg: ModelConfig, tcfg: TrainConfig, tok: MarianTokenizer) -> None:
     d = args.data_dir
-    train_pairs = encode_pairs(tok, read_lines(f"{d}/train.de"), read_lines(f"{d}/train.en"), tcfg.max_length)
+    if getattr(args, "train_parquet", None):  # a student on distilled data: the teacher's translations
+        src, tgt = read_distilled(args.train_parquet)
+    else:
+        src, tgt = read_lines(f"{d}/train.de"), read_lines(f"{d}/train.en")
+    train_pairs = encode_pairs(tok, src, tgt, tcfg.max_length)
     val_pairs = encode_pairs(tok, read_lines(f"{d}/val.de"), read_lines(f"{d}/val.en"), 10_000)
     torch.manual_seed(tcfg.seed)
     model = MarianModel(model_cfg)

@@ -52,3 +52,23 @@ def test_distill_job_writes_training_ready_parquet(cluster, demo_model_dir, tmp_
         # lp 1.0: the score is the mean token log-prob, and teacher forcing gives back the same tokens' log-probs
         assert sum(r["token_logprobs"]) / len(r["token_logprobs"]) == pytest.approx(r["score"], abs=1e-4)
     assert all(r["keep"] == (not r["filters"]) for r in table)
+
+
+def test_a_student_trains_on_the_kept_distilled_rows(tmp_path) -> None:
+    from jobs.train_demo import main as train_main
+    from pipeline.demo_training import read_distilled
+    from tests.conftest import shared_path
+
+    data = shared_path("multi30k", "train.de").parent
+    folder = tmp_path / "distilled"
+    folder.mkdir()
+    pq.write_table(pa.table({"source": ["Ein Hund läuft.", "Eine Katze.", None] * 20,
+                             "translation": ["A dog runs.", "", "x"] * 20,
+                             "keep": [True, False, False] * 20}), folder / "part-00000-0000000000.parquet")
+    assert read_distilled(str(folder)) == (["Ein Hund läuft."] * 20, ["A dog runs."] * 20)
+    out = tmp_path / "student"
+    train_main(["--data-dir", str(data), "--train-parquet", str(folder), "--out", str(out), "--work-dir",
+                str(tmp_path / "work"), "--minutes", "0.02", "--vocab-size", "1000", "--d-model", "32",
+                "--encoder-layers", "1", "--decoder-layers", "1", "--heads", "2", "--ffn-dim", "64",
+                "--no-evaluate", "--average-last", "1", "--threads", "1"])
+    assert (out / "model.safetensors").exists() and (out / "config.json").exists()
