@@ -89,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--encoders", type=int, default=1, help="encoder (tokeniser) actors; 0: decoders tokenise")
     g.add_argument("--cpus-per-decoder", type=float, default=0, help="CPUs reserved per decoder (0: --threads)")
     g.add_argument("--gpus-per-decoder", type=float, default=0)
-    g.add_argument("--skip-corrupt", action="store_true", help="skip unreadable Parquet files (reported) instead of failing")
+    g.add_argument("--skip-corrupt", action="store_true",
+                   help="an unreadable Parquet file is skipped (reported) and a unit whose rows cannot be read "
+                        "is written as rows with status 'unreadable', instead of failing the job")
     g.add_argument("--report", action="store_true",
                    help="after the job, render the per-actor stats as <output>.report.png / .html (jobs/report.py)")
     return p
@@ -185,6 +187,8 @@ def run_on_ray(args: argparse.Namespace, cfg: SearchConfig) -> None:
           f"[{pc.decoder.signature}]")
     for path, reason in result.skipped_files:
         print(f"skipped corrupt file {path}: {reason}")
+    for unit, reason in result.unreadable.items():
+        print(f"unreadable unit {unit} written with status 'unreadable': {reason}")
     stats = store.read_stats()
     if stats is not None:
         print(markdown_table(actor_table(stats)))

@@ -64,6 +64,7 @@ class PipelineResult:
     stats: list[dict] = field(default_factory=list)
     skipped_files: tuple = ()
     failed: dict[str, str] = field(default_factory=dict)  # unit -> reason, after max_attempts
+    unreadable: dict[str, str] = field(default_factory=dict)  # failed units written as rows saying so (skip_corrupt)
 
     @property
     def tokens_per_second(self) -> float:
@@ -110,13 +111,33 @@ def run_pipeline(cfg: PipelineConfig) -> PipelineResult:
     if todo:
         _Driver(cfg, result, store, todo, start).run()
     result.seconds = time.perf_counter() - start
+    if result.failed and cfg.skip_corrupt:  # every row still gets an output row, saying why it has no translation
+        units = {u.name: u for u in todo}
+        for name, reason in result.failed.items():
+            store.commit(name, _unreadable_part(units[name], reason, cfg.decoder.signature), None,
+                         {"unit": name, "rows": units[name].stop - units[name].start, "actor": "driver",
+                          "unreadable": reason, "signature": cfg.decoder.signature})
+        result.unreadable, result.failed = result.failed, {}
     if result.failed:
         raise UnitsFailed(result.failed)
     result.scores = _evaluate(store) if cfg.decoder.evaluate else None
     store.write_success({"units": result.units, "rows": plan.rows, "skipped_units": result.skipped_units,
-                         "skipped_files": [list(x) for x in plan.skipped_files], "signature": cfg.decoder.signature,
+                         "skipped_files": [list(x) for x in plan.skipped_files], "unreadable_units": result.unreadable,
+                         "signature": cfg.decoder.signature,
                          "scores": str(result.scores) if result.scores else None})
     return result
+
+
+def _unreadable_part(unit: WorkUnit, reason: str, signature: str) -> pa.Table:
+    """Rows of a unit that failed every attempt: ids as far as known (row numbers), status ``unreadable``."""
+    n = unit.stop - unit.start
+    rows = list(range(unit.offset, unit.offset + n))
+    return pa.table({"id": pa.array(rows if unit.id_column is None else [None] * n), "row": pa.array(rows, pa.int64()),
+                     "source": pa.array([None] * n, pa.string()), "translation": [""] * n,
+                     "score": pa.array([0.0] * n, pa.float32()),
+                     "nbest": pa.array([[]] * n, pa.list_(pa.struct([("text", pa.string()), ("score", pa.float32())]))),
+                     "status": ["unreadable"] * n, "reason": [f"unit {unit.name} could not be read: {reason}"] * n,
+                     "signature": [signature] * n})
 
 
 class UnitsFailed(RuntimeError):

@@ -138,11 +138,11 @@ def test_driver_killed_mid_job_and_resubmitted_resumes(cluster, demo_model_dir, 
     assert_exactly_once(str(out), [f"r{i:04d}" for i in range(240)])
 
 
-def corrupt_row_group(path, group: int) -> None:
+def corrupt_row_group(path, group: int, column: int = 1) -> None:
     """Overwrite the header of one row group's text data page; the footer stays readable."""
-    column = pq.ParquetFile(path).metadata.row_group(group).column(1)
+    chunk = pq.ParquetFile(path).metadata.row_group(group).column(column)
     data = bytearray(path.read_bytes())
-    data[column.data_page_offset:column.data_page_offset + 16] = b"\xff" * 16
+    data[chunk.data_page_offset:chunk.data_page_offset + 16] = b"\xff" * 16
     path.write_bytes(bytes(data))
 
 
@@ -159,3 +159,17 @@ def test_unreadable_unit_fails_alone_after_its_attempts_and_the_rest_is_committe
     store = OutputStore(str(out))
     assert store.committed() == {"00000-0000000000", "00000-0000000010", "00000-0000000030"}
     assert not (out / "_SUCCESS").exists()
+
+
+def test_skip_corrupt_writes_an_unreadable_units_rows_with_their_status(cluster, demo_model_dir, tmp_path, capsys):
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": clean_corpus(30)}), src, row_group_size=10, compression="snappy")
+    corrupt_row_group(src, 1, column=0)
+    out = tmp_path / "out"
+    main(job(demo_model_dir, src, out, "--skip-corrupt"))
+    assert "unreadable unit 00000-0000000010" in capsys.readouterr().out
+    table = assert_exactly_once(str(out), list(range(30))).to_pylist()  # no id column: ids are row numbers
+    assert [r["status"] for r in table[10:20]] == ["unreadable"] * 10
+    assert all(r["translation"] == "" and "could not be read" in r["reason"] for r in table[10:20])
+    assert all(r["status"] == "ok" and r["translation"] for r in table[:10] + table[20:])
+    assert "00000-0000000010" in json.loads((out / "_SUCCESS").read_text())["unreadable_units"]
