@@ -82,7 +82,7 @@ class StreamDecoder:
         attn = self.model.model.decoder.layers[0].self_attn
         layers, rows = len(self.model.model.decoder.layers), self.schedule.max_batch_sentences * self.search.beam_size
         weight = self.model.lm_head.weight
-        self_k = weight.new_zeros(layers, rows, attn.num_heads, t_cap, attn.head_dim)
+        self_k = weight.new_zeros(t_cap, layers, rows, attn.num_heads, attn.head_dim)  # (T, L, R, H, D)
         cross_k = weight.new_zeros(layers, rows, attn.num_heads, s_cap, attn.head_dim)
         mask = torch.zeros(rows, s_cap, dtype=torch.bool)
         return DecoderCache(self_k, torch.zeros_like(self_k), cross_k, torch.zeros_like(cross_k), mask)
@@ -159,5 +159,5 @@ class StreamDecoder:
         if src_rows:
             src, dst = torch.cat(src_rows), torch.cat(dst_rows)
             for kv in (self.cache.self_k, self.cache.self_v):
-                kv[:, dst, :, :t] = kv[:, src, :, :t]  # gathered before written: overlapping rows are safe
+                kv[:t, :, dst] = kv[:t, :, src]  # gathered before written: overlapping rows are safe
         return finished, widths

@@ -54,7 +54,7 @@ class ScriptedModel:
 
     def init_cache(self, memory: Tensor, src_mask: Tensor, max_length: int) -> DecoderCache:
         n = memory.shape[0]
-        self_k = memory.new_zeros(1, n, 1, max_length, 1)  # (L, N, H, T, D): token ids by position
+        self_k = memory.new_zeros(max_length, 1, n, 1, 1)  # (T, L, N, H, D): token ids by position
         cross = memory[None, :, None]  # (L, N, H, S, D): sentence key
         return DecoderCache(self_k, torch.zeros_like(self_k), cross, cross.clone(), src_mask)
 
@@ -68,12 +68,12 @@ class ScriptedModel:
         assert cache.num_rows == n and bool((positions == step).all())
         if step == 0:
             assert bool((tokens == self.config.decoder_start_token_id).all())
-        cache.self_k[0, :, 0, step, 0] = tokens.float()
+        cache.self_k[step, 0, :, 0, 0] = tokens.float()
         self.rows_per_step.append(n)
         logits = torch.empty(n, self.vocab_size)
         for row in range(n):
             sentence = int(cache.cross_k[0, row, 0, 0, 0])
-            prefix = tuple(int(t) for t in cache.self_k[0, row, 0, 1: step + 1, 0].tolist())
+            prefix = tuple(int(t) for t in cache.self_k[1: step + 1, 0, row, 0, 0].tolist())
             logits[row] = torch.tensor(self.probs(sentence, prefix), dtype=torch.float64).log()
         return logits if candidates is None else logits[:, candidates]  # a shortlist: candidate columns only
 

@@ -179,6 +179,6 @@ def test_init_cache_shapes(model):
     src, mask = batch([[1, 2, 3, EOS], [4, EOS]])
     cache = model.init_cache(model.encode(src, mask), mask, 5)
     assert isinstance(cache, DecoderCache)
-    assert cache.self_k.shape == (2, 2, 4, 5, 8)  # (L, N, H, T, D)
+    assert cache.self_k.shape == (5, 2, 2, 4, 8)  # (T, L, N, H, D): time-major
     assert cache.cross_k.shape == (2, 2, 4, 4, 8)  # (L, N, H, S, D)
     assert cache.num_rows == 2 and cache.max_length == 5
