@@ -28,7 +28,8 @@ from workers.model import Decoder
 
 @dataclass
 class SlotCache:
-    """self_k/self_v (L, R*T, H, D): K/V of row r at position p at index r*T + p;
+    """self_k/self_v (L, R*T + 1, H, D): K/V of row r at position p at index r*T + p; the last entry is
+    zeros, read in place of every masked position (the rest is never zero-filled: only written entries are read);
     ancestry (R, T) long: the row whose K/V is position p of row r's history;
     cross_k/cross_v (L, slots, H, S, D); src_mask (slots, S) bool; source_lengths: per slot."""
 
@@ -45,9 +46,12 @@ class SlotCache:
         attn, layers = decoder.layers[0].self_attn, len(decoder.layers)
         h, d, rows = attn.num_heads, attn.head_dim, slots * beam_size
         weight = decoder.embed_tokens.weight
-        self_k = weight.new_zeros(layers, rows * t_cap, h, d)  # zeros: rows behind read them masked, finite
+        self_k = weight.new_empty(layers, rows * t_cap + 1, h, d)
+        self_k[:, -1] = 0.0
         cross_k = weight.new_zeros(layers, slots, h, s_cap, d)
-        return cls(self_k, torch.zeros_like(self_k), torch.zeros(rows, t_cap, dtype=torch.long), cross_k,
+        self_v = weight.new_empty(self_k.shape)
+        self_v[:, -1] = 0.0
+        return cls(self_k, self_v, torch.zeros(rows, t_cap, dtype=torch.long), cross_k,
                    torch.zeros_like(cross_k), torch.zeros(slots, s_cap, dtype=torch.bool), [0] * slots)
 
     @property
@@ -96,8 +100,10 @@ def slot_step(decoder: Decoder, cache: SlotCache, tokens: Tensor, positions: Ten
     cache.ancestry[rows, positions] = rows
     steps = torch.arange(t)
     write_at = rows * t_cap + positions  # (N,)
-    read_at = (cache.ancestry[rows, :t] * t_cap + steps).view(-1)  # (N * t,)
-    self_mask = (steps[None, :] <= positions[:, None])[:, None, None, :]  # (N, 1, 1, t)
+    visible = steps[None, :] <= positions[:, None]  # (N, t)
+    zero_entry = cache.self_k.shape[1] - 1
+    read_at = torch.where(visible, cache.ancestry[rows, :t] * t_cap + steps, zero_entry).view(-1)  # (N * t,)
+    self_mask = visible[:, None, None, :]  # (N, 1, 1, t)
     cross_mask = cache.src_mask[index, :s][:, None, None, :]  # (B', 1, 1, s)
     for i, layer in enumerate(decoder.layers):
         sa = layer.self_attn
