@@ -49,10 +49,10 @@ class _SlotState:
 
     @classmethod
     def empty(cls, slots: int, k: int, t_cap: int, pad: int) -> "_SlotState":
-        neg = torch.full((slots,), NEG_INF)
-        return cls(torch.full((slots, k), NEG_INF), torch.zeros(slots, dtype=torch.long),
-                   torch.zeros(slots, dtype=torch.long), neg, neg.double(), torch.zeros(slots, dtype=torch.bool),
-                   torch.full((slots * k, t_cap), pad, dtype=torch.long), torch.full((slots * k,), pad, dtype=torch.long))
+        neg, zero = torch.full((slots,), NEG_INF), torch.zeros(slots, dtype=torch.long)
+        return cls(torch.full((slots, k), NEG_INF), zero, zero.clone(), neg, neg.double(), zero.bool(),
+                   torch.full((slots * k, t_cap), pad, dtype=torch.long),
+                   torch.full((slots * k,), pad, dtype=torch.long))
 
 
 @dataclass
