@@ -22,7 +22,7 @@ from workers.config import SearchConfig
 from workers.engine import DecodeStats, max_lengths, prune_running, score_step
 from workers.model import MarianModel
 from workers.scheduler import Request, Scheduler, SchedulerConfig, StepOutput
-from workers.search import FinishedPool, Hypothesis, length_normalize
+from workers.search import Candidates, FinishedPool, Hypothesis, StepSelection, length_normalize
 from workers.slots import SlotCache, slot_step
 
 NEG_INF = float("-inf")
@@ -151,8 +151,11 @@ class StreamDecoder:
                       cands.tokens[keep].gather(1, chosen[keep]), length[keep])
         return finished, dict(zip([ids[j] for j in keep.tolist()], torch.isfinite(running[keep]).sum(1).tolist()))
 
-    def _finish(self, cands, sel, blocks: list[int], index: Tensor, length: Tensor) -> None:
-        """Finished candidates into their sentences' pools; refresh the pools' summary tensors."""
+    def _finish(self, cands: Candidates, sel: StepSelection, blocks: list[int], index: Tensor, length: Tensor) -> None:
+        """Finished candidates into their sentences' pools; refresh the pools' summary tensors.
+
+        index (B',) the planned slots, length (B',) their tokens before this step; only the (F,)
+        finished candidates go through Python, in (sentence, candidate) order as batch search adds them."""
         k, lp, st = self.search.beam_size, self.search.length_penalty, self.state
         j, c = sel.finished.nonzero().unbind(1)  # (F,) sentence, candidate
         rows = index[j] * k + cands.beams[j, c]  # (F,) row of the source beam
