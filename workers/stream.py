@@ -1,12 +1,15 @@
 """Streaming beam search: a slot cache, the scheduler deciding admissions and expansions, and the
 same pure beam-step functions as ``engine.beam_search``.
 
-Every admitted sentence owns a block of K cache rows (its beams). Each step: ``plan =
-scheduler.schedule()``; admitted sentences are encoded and their cross-attention K/V written into
-their block; the planned sentences' live beams run one decoder step (rows at different target
-positions share the batch); ``scheduler.update(plan, output)`` frees the blocks of finished
-sentences, and the next ``schedule`` refills them. A sentence's result does not depend on which
-others share its steps, so every policy returns what ``engine.beam_search`` returns.
+Every admitted sentence owns a slot: K cache rows (its beams) and one row of every per-slot state
+tensor below. Each step: ``plan = scheduler.schedule()``; admitted sentences are encoded and their
+cross-attention K/V written into their slot; the planned sentences' live beams run one decoder step
+(rows at different target positions share the batch); ``scheduler.update(plan, output)`` frees the
+slots of finished sentences, and the next ``schedule`` refills them. A sentence's result does not
+depend on which others share its steps, so every policy returns what ``engine.beam_search`` returns.
+
+The bookkeeping is tensor-wide over the planned slots (no per-sentence Python per step); only
+hypotheses that finish go through Python (into their sentence's ``FinishedPool``).
 """
 from __future__ import annotations
 
@@ -17,28 +20,39 @@ from torch import Tensor
 
 from workers.config import SearchConfig
 from workers.engine import DecodeStats, max_lengths, prune_running, score_step
-from workers.model import DecoderCache, MarianModel
+from workers.model import MarianModel
 from workers.scheduler import Request, Scheduler, SchedulerConfig, StepOutput
-from workers.search import FinishedPool, Hypothesis, is_done, length_normalize
+from workers.search import Candidates, FinishedPool, Hypothesis, StepSelection, length_normalize
+from workers.slots import SlotCache, slot_step
 
 NEG_INF = float("-inf")
 
 
 @dataclass
-class _Sentence:
-    """One admitted sentence: block of K rows, running scores (K,), history (K, T), last tokens (K,)."""
+class _SlotState:
+    """Search state per slot (sentence) and per row (slot * K + beam).
 
-    index: int
-    block: int
-    max_len: int
+    running (slots, K) cumulative log-probs, live beams first (-inf = none); length (slots,) tokens
+    generated; max_len (slots,); best_finished (slots,) raw log-prob of the best finished hypothesis;
+    worst (slots,) float64 normalised score of the worst finished one once the pool is full (else
+    -inf); full (slots,) bool; history (R, T) tokens per row; last (R,) the row's next input token.
+    """
+
     running: Tensor
+    length: Tensor
+    max_len: Tensor
+    best_finished: Tensor
+    worst: Tensor
+    full: Tensor
     history: Tensor
     last: Tensor
-    pool: FinishedPool
-    length: int = 0
 
-    def live(self) -> Tensor:
-        return torch.isfinite(self.running).nonzero().flatten()  # beam indices, ascending
+    @classmethod
+    def empty(cls, slots: int, k: int, t_cap: int, pad: int) -> "_SlotState":
+        neg, zero = torch.full((slots,), NEG_INF), torch.zeros(slots, dtype=torch.long)
+        return cls(torch.full((slots, k), NEG_INF), zero, zero.clone(), neg, neg.double(), zero.bool(),
+                   torch.full((slots * k, t_cap), pad, dtype=torch.long),
+                   torch.full((slots * k,), pad, dtype=torch.long))
 
 
 @dataclass
@@ -55,109 +69,121 @@ class StreamDecoder:
         """Source id lists -> per sentence the ``num_hypotheses`` best hypotheses (input order)."""
         if not sources:
             return []
-        mc = self.model.config
-        max_lens = max_lengths([len(s) for s in sources], self.search, mc.max_position_embeddings)
-        self.cache = self._empty_cache(max(len(s) for s in sources), max(max_lens))
+        mc, k, slots = self.model.config, self.search.beam_size, self.schedule.max_batch_sentences
+        self.max_lens = max_lengths([len(s) for s in sources], self.search, mc.max_position_embeddings)
+        t_cap = max(self.max_lens)
+        self.cache = SlotCache.empty(self.model.model.decoder, slots, k, max(len(s) for s in sources), t_cap)
+        self.state = _SlotState.empty(slots, k, t_cap, mc.pad_token_id)
+        lp = self.search.length_penalty
+        self._norm = torch.tensor([float(n) ** lp if n else 1.0 for n in range(t_cap + 2)], dtype=torch.float64)
         self._head = self.model.output_head(self.candidates) if self.candidates is not None else None
-        self.free = list(range(self.schedule.max_batch_sentences))
+        self.free, self.slot_of, self.pools = list(range(slots)), {}, [FinishedPool(k) for _ in range(slots)]
         self.scheduler = Scheduler(self.schedule)
         for i, src in enumerate(sources):
             self.scheduler.add(Request(i, len(src)))
-        active: dict[int, _Sentence] = {}
         results: list[list[Hypothesis]] = [[] for _ in sources]
         while self.scheduler.has_work:
             plan = self.scheduler.schedule()
             if plan.admit:
-                active.update(self._admit([sources[i] for i in plan.admit], plan.admit, max_lens))
-            finished, widths = self._step([active[i] for i in plan.expand])
+                self._admit([sources[i] for i in plan.admit], plan.admit)
+            finished, widths = self._step([self.slot_of[i] for i in plan.expand], plan.expand)
             self.scheduler.update(plan, StepOutput(tuple(finished), widths))
             for i in finished:
-                sentence = active.pop(i)
-                self.free.append(sentence.block)
-                results[i] = sentence.pool.hyps[: self.search.num_hypotheses]
+                block = self.slot_of.pop(i)
+                self.free.append(block)
+                results[i] = self.pools[block].hyps[: self.search.num_hypotheses]
         self.stats.target_tokens += sum(len(r[0].tokens) for r in results if r)
         return results
 
-    def _empty_cache(self, s_cap: int, t_cap: int) -> DecoderCache:
-        attn = self.model.model.decoder.layers[0].self_attn
-        layers, rows = len(self.model.model.decoder.layers), self.schedule.max_batch_sentences * self.search.beam_size
-        weight = self.model.lm_head.weight
-        self_k = weight.new_zeros(t_cap, layers, rows, attn.num_heads, attn.head_dim)  # (T, L, R, H, D)
-        cross_k = weight.new_zeros(layers, rows, attn.num_heads, s_cap, attn.head_dim)
-        mask = torch.zeros(rows, s_cap, dtype=torch.bool)
-        return DecoderCache(self_k, torch.zeros_like(self_k), cross_k, torch.zeros_like(cross_k), mask)
-
-    def _admit(self, sources: list[list[int]], ids: tuple[int, ...], max_lens: list[int]) -> dict[int, _Sentence]:
-        """Encode the admitted sentences and write their cross-attention K/V into K rows each."""
-        k, mc = self.search.beam_size, self.model.config
+    def _admit(self, sources: list[list[int]], ids: tuple[int, ...]) -> None:
+        """Encode the admitted sentences, write their cross-attention K/V, reset their slots."""
+        k, mc, st = self.search.beam_size, self.model.config, self.state
         s = max(len(x) for x in sources)
         src_ids = torch.full((len(sources), s), mc.pad_token_id, dtype=torch.long)
         src_mask = torch.zeros((len(sources), s), dtype=torch.bool)
         for row, x in enumerate(sources):
             src_ids[row, : len(x)], src_mask[row, : len(x)] = torch.tensor(x), True
-        fresh = self.model.init_cache(self.model.encode(src_ids, src_mask), src_mask, 1)  # cross K/V (L, A, H, S, D)
         blocks = [self.free.pop(0) for _ in sources]
-        rows = torch.tensor([b * k + j for b in blocks for j in range(k)])  # (A*K,)
-        self.cache.cross_k[:, rows, :, :s] = fresh.cross_k.repeat_interleave(k, dim=1)
-        self.cache.cross_v[:, rows, :, :s] = fresh.cross_v.repeat_interleave(k, dim=1)
-        self.cache.src_mask[rows] = False
-        self.cache.src_mask[rows, :s] = src_mask.repeat_interleave(k, dim=0)
-        out = {}
+        self.cache.admit(self.model.model.decoder, self.model.encode(src_ids, src_mask), src_mask, blocks)
+        index = torch.tensor(blocks)  # (A,)
+        st.running[index] = NEG_INF
+        st.running[index, 0] = 0.0
+        st.length[index] = 0
+        st.max_len[index] = torch.tensor([self.max_lens[i] for i in ids])
+        st.best_finished[index], st.worst[index], st.full[index] = NEG_INF, NEG_INF, False
+        st.last[index * k] = mc.decoder_start_token_id
         for i, b in zip(ids, blocks):
-            running = torch.full((k,), NEG_INF)
-            running[0] = 0.0
-            history = torch.full((k, self.cache.max_length), mc.pad_token_id, dtype=torch.long)
-            last = torch.full((k,), mc.decoder_start_token_id, dtype=torch.long)
-            out[i] = _Sentence(i, b, max_lens[i], running, history, last, FinishedPool(k))
-        return out
+            self.slot_of[i], self.pools[b] = b, FinishedPool(k)
 
-    def _step(self, sentences: list[_Sentence]) -> tuple[list[int], dict[int, int]]:
-        """One decoder step for ``sentences``; returns (finished ids, new live width of the others)."""
-        k, mc, n = self.search.beam_size, self.model.config, len(sentences)
-        lives = [s.live() for s in sentences]
-        rows = torch.cat([s.block * k + live for s, live in zip(sentences, lives)])  # (N,) cache rows
-        slots = torch.cat([j * k + live for j, live in enumerate(lives)])  # (N,) index into (B' * K)
-        tokens = torch.cat([s.last[live] for s, live in zip(sentences, lives)])
-        positions = torch.cat([torch.full((live.numel(),), s.length, dtype=torch.long) for s, live in zip(sentences, lives)])
-        at_max = torch.tensor([s.length + 1 >= s.max_len for s in sentences])  # (B',)
-        logits = self.model.decode_step(tokens, positions, self.cache, self._head, rows)  # (N, V|C)
-        running = torch.stack([s.running for s in sentences])  # (B', K)
+    def _step(self, blocks: list[int], ids: tuple[int, ...]) -> tuple[list[int], dict[int, int]]:
+        """One decoder step for the sentences in slots ``blocks``; returns (finished ids, new widths of the others)."""
+        k, mc, st, n = self.search.beam_size, self.model.config, self.state, len(blocks)
+        index = torch.tensor(blocks)  # (B',)
+        running = st.running[index]  # (B', K)
+        live = torch.isfinite(running)
+        slots = live.view(-1).nonzero().flatten()  # (N,) index into (B' * K)
+        sentence, beam = slots // k, slots % k
+        rows = index[sentence] * k + beam  # (N,) cache rows
+        length = st.length[index]  # (B',)
+        at_max = length + 1 >= st.max_len[index]  # (B',)
+        width = int(live.sum(1).max())
+        hidden = slot_step(self.model.model.decoder, self.cache, st.last[rows], length[sentence], rows, blocks,
+                           sentence * width + beam, width)  # (N, E)
+        logits = self.model.project(hidden, self._head)  # (N, V|C)
         cands, sel = score_step(logits, slots, running, at_max, mc, forced_eos=self.forced_eos,
                                 candidates=self.candidates)
         self.stats.steps += 1
         self.stats.row_steps += rows.numel()
         self.stats.sentence_steps += n
-        for j, c in sel.finished.nonzero().tolist():
-            s, total = sentences[j], float(cands.scores[j, c])
-            hyp_tokens = tuple(s.history[int(cands.beams[j, c]), : s.length].tolist()) + (int(cands.tokens[j, c]),)
-            s.pool.add(Hypothesis(hyp_tokens, length_normalize(total, s.length + 1, self.search.length_penalty), total))
-        best_finished = torch.tensor([s.pool.best_log_prob for s in sentences])
-        running = prune_running(cands, sel, best_finished, self.search.pruning, self.stats)
-        running, order = running.sort(dim=1, descending=True, stable=True)
+        if bool(sel.finished.any()):
+            self._finish(cands, sel, blocks, index, length)
+        running = prune_running(cands, sel, st.best_finished[index], self.search.pruning, self.stats)
+        running, order = running.sort(dim=1, descending=True, stable=True)  # live beams first
         chosen = sel.running.gather(1, order)  # (B', K) candidate index of each new slot
-        source_beam, new_tokens = cands.beams.gather(1, chosen), cands.tokens.gather(1, chosen)
-        return self._advance(sentences, running, source_beam, new_tokens, at_max)
+        best, generated = running[:, 0], length + 1
+        done = at_max | (best == NEG_INF) | (st.full[index] & (
+            torch.tensor(self.search.early_stopping) | (best.double() / self._norm[generated] <= st.worst[index])))
+        keep = (~done).nonzero().flatten()  # (B'',)
+        finished = [ids[j] for j in done.nonzero().flatten().tolist()]
+        if keep.numel() == 0:
+            return finished, {}
+        self._advance(index[keep], running[keep], cands.beams[keep].gather(1, chosen[keep]),
+                      cands.tokens[keep].gather(1, chosen[keep]), length[keep])
+        return finished, dict(zip([ids[j] for j in keep.tolist()], torch.isfinite(running[keep]).sum(1).tolist()))
 
-    def _advance(self, sentences: list[_Sentence], running: Tensor, source_beam: Tensor, new_tokens: Tensor,
-                 at_max: Tensor) -> tuple[list[int], dict[int, int]]:
-        """Reorder each continuing sentence's beams inside its block; report finished ones."""
-        k, finished, widths, src_rows, dst_rows = self.search.beam_size, [], {}, [], []
-        t = max(s.length for s in sentences) + 1
-        for j, s in enumerate(sentences):
-            best = float(running[j, 0])
-            if bool(at_max[j]) or best == NEG_INF or is_done(s.pool, best, s.length + 1, self.search.length_penalty,
-                                                             self.search.early_stopping):
-                finished.append(s.index)
-                continue
-            live = torch.isfinite(running[j])
-            src_rows.append(s.block * k + source_beam[j][live])
-            dst_rows.append(s.block * k + torch.arange(k)[live])
-            history = s.history[source_beam[j]]
-            history[:, s.length] = new_tokens[j]
-            s.history, s.running, s.last, s.length = history, running[j].clone(), new_tokens[j].clone(), s.length + 1
-            widths[s.index] = int(live.sum())
-        if src_rows:
-            src, dst = torch.cat(src_rows), torch.cat(dst_rows)
-            for kv in (self.cache.self_k, self.cache.self_v):
-                kv[:t, :, dst] = kv[:t, :, src]  # gathered before written: overlapping rows are safe
-        return finished, widths
+    def _finish(self, cands: Candidates, sel: StepSelection, blocks: list[int], index: Tensor, length: Tensor) -> None:
+        """Finished candidates into their sentences' pools; refresh the pools' summary tensors.
+
+        index (B',) the planned slots, length (B',) their tokens before this step; only the (F,)
+        finished candidates go through Python, in (sentence, candidate) order as batch search adds them."""
+        k, lp, st = self.search.beam_size, self.search.length_penalty, self.state
+        j, c = sel.finished.nonzero().unbind(1)  # (F,) sentence, candidate
+        rows = index[j] * k + cands.beams[j, c]  # (F,) row of the source beam
+        lengths, totals = length[j].tolist(), cands.scores[j, c].tolist()
+        history, tokens = st.history[rows, : max(lengths) + 1].tolist(), cands.tokens[j, c].tolist()
+        touched = []
+        for jj, n, total, hist, token in zip(j.tolist(), lengths, totals, history, tokens):
+            pool = self.pools[blocks[jj]]
+            pool.add(Hypothesis(tuple(hist[:n]) + (token,), length_normalize(total, n + 1, lp), total))
+            touched.append(blocks[jj])
+        touched = sorted(set(touched))
+        pools = [self.pools[b] for b in touched]
+        at = torch.tensor(touched)
+        st.best_finished[at] = torch.tensor([p.best_log_prob for p in pools])
+        st.worst[at] = torch.tensor([p.worst_score for p in pools], dtype=torch.float64)
+        st.full[at] = torch.tensor([p.full for p in pools])
+
+    def _advance(self, index: Tensor, running: Tensor, source_beam: Tensor, new_tokens: Tensor, length: Tensor) -> None:
+        """Continuing sentences: slots ``index`` (B''), new running (B'', K) sorted, source beam and
+        token (B'', K) of each new beam, length (B'',) before this step."""
+        k, st = self.search.beam_size, self.state
+        st.running[index] = running
+        j, beam = torch.isfinite(running).nonzero().unbind(1)  # (N',) new live beams
+        dst = index[j] * k + beam  # (N',) rows
+        src = index[j] * k + source_beam[j, beam]
+        t = int(length.max()) + 1
+        self.cache.reorder(src, dst, t)
+        st.history[dst, :t] = st.history[src, :t]
+        st.history[dst, length[j]] = new_tokens[j, beam]
+        st.last[dst] = new_tokens[j, beam]
+        st.length[index] += 1

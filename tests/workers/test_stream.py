@@ -10,6 +10,7 @@ from workers.config import ModelConfig, PruningConfig, SearchConfig
 from workers.engine import beam_search
 from workers.model import MarianModel
 from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
+from workers.slots import SlotCache
 from workers.stream import StreamDecoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -107,3 +108,20 @@ def test_five_hundred_sentences_stream_equals_batch(model):
     var_stream = StreamDecoder(model, pruned, replace(sched, policy=Policy.VAR_STREAM)).decode(sources)
     assert same(fixed_stream, fixed)
     assert same(var_stream, var_batch)
+
+
+def test_unfilled_self_attention_storage_is_never_read(model, sources, monkeypatch):
+    """The slot cache leaves self K/V storage unfilled; poison it with NaN: masked positions must read
+    the zero entry, so the output still equals batch beam search."""
+    empty = SlotCache.empty.__func__
+
+    def poisoned(cls, *args):
+        cache = empty(cls, *args)
+        cache.self_k[:, :-1] = float("nan")
+        cache.self_v[:, :-1] = float("nan")
+        return cache
+
+    monkeypatch.setattr(SlotCache, "empty", classmethod(poisoned))
+    sched = SchedulerConfig(policy=Policy.VAR_STREAM, max_batch_sentences=6, capacity=6, beam_size=4,
+                            epsilon=1 / 3, flush_every=3)  # flushes: rows at different positions share steps
+    assert same(StreamDecoder(model, SEARCH, sched).decode(sources), batch_reference(model, sources, SEARCH))
