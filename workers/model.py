@@ -240,38 +240,29 @@ class Decoder(nn.Module):
         self_k = memory.new_zeros(shape)
         return DecoderCache(self_k, torch.zeros_like(self_k), cross_k, cross_v, src_mask)
 
-    def step(self, tokens: Tensor, positions: Tensor, cache: DecoderCache, rows: Tensor | None = None) -> Tensor:
+    def step(self, tokens: Tensor, positions: Tensor, cache: DecoderCache) -> Tensor:
         """One incremental step. tokens (N,), positions (N,) -> hidden (N, E); writes K/V at ``positions``.
-
-        ``rows`` (N,): the cache rows these tokens belong to (a subset of a slot cache, in any order);
-        None means rows 0..N-1 of a cache with exactly N rows.
-        """
+        Row n of the batch is row n of the cache (N rows)."""
         n = tokens.shape[0]
-        all_rows = rows is None
-        rows = torch.arange(n, device=tokens.device) if all_rows else rows
         x = self.embed_tokens(tokens) * self.embed_scale + self.embed_positions.weight[positions]  # (N, E)
         t = int(positions.max()) + 1
         shared = bool((positions == t - 1).all())  # every row at the same position: no mask, slice writes
         self_mask = None if shared else (torch.arange(t, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]  # (N,1,1,T)
-        src_mask = cache.src_mask if all_rows else cache.src_mask.index_select(0, rows)
-        cross_mask = src_mask[:, None, None, :]  # (N, 1, 1, S)
+        cross_mask = cache.src_mask[:, None, None, :]  # (N, 1, 1, S)
+        rows = torch.arange(n, device=tokens.device)
         for i, layer in enumerate(self.layers):
             sa = layer.self_attn
             q = sa.split(sa.q_proj(x)[:, None])  # (N, H, 1, D)
             k, v = sa.k_proj(x).view(n, sa.num_heads, sa.head_dim), sa.v_proj(x).view(n, sa.num_heads, sa.head_dim)
-            if shared and all_rows:
+            if shared:
                 cache.self_k[t - 1, i], cache.self_v[t - 1, i] = k, v
             else:
                 cache.self_k[positions, i, rows], cache.self_v[positions, i, rows] = k, v
-            keys = cache.self_k[:t, i] if all_rows else cache.self_k[:t, i, rows]  # (T, N, H, D)
-            values = cache.self_v[:t, i] if all_rows else cache.self_v[:t, i, rows]
-            h = cached_attention(q, keys.permute(1, 2, 0, 3), values.permute(1, 2, 0, 3), self_mask)
-            x = layer.self_attn_layer_norm(x + sa.merge(h)[:, 0])
+            keys, values = cache.self_k[:t, i].permute(1, 2, 0, 3), cache.self_v[:t, i].permute(1, 2, 0, 3)  # (N, H, T, D)
+            x = layer.self_attn_layer_norm(x + sa.merge(cached_attention(q, keys, values, self_mask))[:, 0])
             ca = layer.encoder_attn
             q = ca.split(ca.q_proj(x)[:, None])
-            cross_k = cache.cross_k[i] if all_rows else cache.cross_k[i].index_select(0, rows)  # (N, H, S, D)
-            cross_v = cache.cross_v[i] if all_rows else cache.cross_v[i].index_select(0, rows)
-            h = F.scaled_dot_product_attention(q, cross_k, cross_v, attn_mask=cross_mask)
+            h = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], attn_mask=cross_mask)
             x = layer.encoder_attn_layer_norm(x + ca.merge(h)[:, 0])
             x = layer.feed_forward(x)
         return x
@@ -336,9 +327,6 @@ class MarianModel(nn.Module):
         return self.model.decoder.init_cache(memory, src_mask, max_length)
 
     def decode_step(self, tokens: Tensor, positions: Tensor, cache: DecoderCache,
-                    head: OutputHead | None = None, rows: Tensor | None = None) -> Tensor:
-        """tokens (N,), positions (N,) -> logits (N, V) (or (N, C) with a shortlist).
-
-        ``rows`` (N,): cache rows of the tokens when stepping a subset of a slot cache.
-        """
-        return self.project(self.model.decoder.step(tokens, positions, cache, rows), head)
+                    head: OutputHead | None = None) -> Tensor:
+        """tokens (N,), positions (N,) -> logits (N, V) (or (N, C) with a shortlist)."""
+        return self.project(self.model.decoder.step(tokens, positions, cache), head)
