@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--unit-rows", type=int, default=1000)
     p.add_argument("--out", default="reports/pipeline-wmt22")
     p.add_argument("--encoders", default="1,0", help="pipeline variants to run: encoder actors (0: decoders tokenise)")
+    p.add_argument("--stats-report", action=argparse.BooleanOptionalAction, default=True,
+                   help="also render the pipeline runs' per-actor stats as <out>-stats.png / .html")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     base = read_lines(os.path.join(args.data, SETS["wmt22"][0]))
@@ -99,6 +101,9 @@ def main(argv: list[str] | None = None) -> None:
           f"**pipeline ÷ in-process = {ratio:.3f}** ({runs[1]['system']})\n",
           f"## Per-actor stats ({runs[1]['system']})\n", markdown_table(actors), ""]
     write_report(args.out, report, md)
+    if args.stats_report:
+        from pipeline.stats_report import render
+        print("stats report:", render(stats, args.out + "-stats", f"Pipeline benchmark: {runs[1]['system']}"))
 
 
 if __name__ == "__main__":

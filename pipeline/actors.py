@@ -22,6 +22,7 @@ from pipeline.evaluate import EvalStats, sufficient_stats
 from pipeline.sink import OutputStore
 from pipeline.storage import model_reader
 from pipeline.units import Columns, WorkUnit, read_unit
+from workers.checkpoint import load_tokenizer
 from workers.config import SearchConfig
 from workers.engine import DecodeStats
 from workers.inputs import CleanText, clean_text, split_to_fit
@@ -57,9 +58,12 @@ class EncoderWorker:
     """unit rows -> encoded unit rows: cleaned text, statuses, token-id pieces that fit the model."""
 
     def __init__(self, model: str | Translator, columns: Columns) -> None:
-        self.translator = model if isinstance(model, Translator) else Translator.load(model_reader(model), threads=1)
+        if isinstance(model, Translator):
+            self.tokenizer, config = model.checkpoint.tokenizer, model.checkpoint.model.config
+        else:  # an encoder actor needs the tokenizer, not the weights
+            self.tokenizer, config, _ = load_tokenizer(model_reader(model))
         self.columns = columns
-        self.limit = self.translator.checkpoint.model.config.max_position_embeddings
+        self.limit = config.max_position_embeddings
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         """Ray Data's call. A unit that cannot be read (a corrupt row group) comes back as a row with
@@ -77,7 +81,7 @@ class EncoderWorker:
     def encode_unit(self, unit: WorkUnit) -> dict:
         start = time.perf_counter()
         rows = read_unit(unit, self.columns)
-        tok = self.translator.checkpoint.tokenizer
+        tok = self.tokenizer
         cleaned = [clean_text(t) for t in rows.texts]
         pieces, piece_row, statuses, reasons = [], [], [], []
         for i, c in enumerate(cleaned):
@@ -202,6 +206,7 @@ class DecoderWorker:
             "pruned_fraction": st.pruned / max(st.pruned + st.row_steps, 1),
             "shortlist_size": sum(tr.shortlist_sizes) / len(tr.shortlist_sizes) if tr.shortlist_sizes else 0.0,
             "statuses": json.dumps(statuses),
+            "batch_histogram": json.dumps(dict(sorted(st.batch_sizes.items()))),
             "bleu_stats": list(evaluation.bleu) if evaluation else None,
             "chrf_stats": list(evaluation.chrf) if evaluation else None,
         }

@@ -153,6 +153,15 @@ class Checkpoint:
 
 def load_checkpoint(read: Reader, dtype: torch.dtype = torch.float32) -> Checkpoint:
     """Load a Marian checkpoint directory served by ``read``."""
+    tokenizer, cfg, hf = load_tokenizer(read)
+    model = MarianModel(cfg)
+    load_state(model, read_weights(read))
+    model = model.to(dtype).eval()
+    return Checkpoint(model, tokenizer, hf)
+
+
+def load_tokenizer(read: Reader) -> tuple[MarianTokenizer, ModelConfig, dict]:
+    """The tokenizer and config of a checkpoint, without its weights (for encoder actors)."""
     raw = read("config.json")
     if raw is None:
         raise FileNotFoundError("checkpoint has no config.json")
@@ -167,10 +176,7 @@ def load_checkpoint(read: Reader, dtype: torch.dtype = torch.float32) -> Checkpo
         raw_tv = read("target_vocab.json")
         target_vocab = load_vocab(raw_tv) if raw_tv is not None else None
     tokenizer = MarianTokenizer(files["source.spm"], files["target.spm"], load_vocab(files["vocab.json"]), target_vocab)
-    model = MarianModel(cfg)
-    load_state(model, read_weights(read))
-    model = model.to(dtype).eval()
-    return Checkpoint(model, tokenizer, hf)
+    return tokenizer, cfg, hf
 
 
 def unique_state(model: MarianModel) -> dict[str, torch.Tensor]:

@@ -6,7 +6,8 @@ math lives in ``workers.search``; this module only moves tensors between it and 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -37,6 +38,13 @@ class DecodeStats:
     sentence_steps: int = 0  # live sentences, summed over steps
     target_tokens: int = 0
     pruned: int = 0  # running candidates discarded by pruning heuristics
+    batch_sizes: Counter = field(default_factory=Counter)  # steps per number of sentences in the step
+
+    def record_step(self, rows: int, sentences: int) -> None:
+        self.steps += 1
+        self.row_steps += rows
+        self.sentence_steps += sentences
+        self.batch_sizes[sentences] += 1
 
 
 def max_lengths(source_lengths: list[int], cfg: SearchConfig, positions: int) -> list[int]:
@@ -89,7 +97,7 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
         best_lp, tokens = top.log_probs[:, 0], top.tokens[:, 0]  # (N,)
         sums += best_lp.double()
         history[:, step] = tokens
-        stats.steps, stats.row_steps, stats.sentence_steps = stats.steps + 1, stats.row_steps + n, stats.sentence_steps + n
+        stats.record_step(n, n)
         ended = (tokens == mc.eos_token_id) | at_max
         for j in ended.nonzero().flatten().tolist():
             total = float(sums[j])
@@ -174,9 +182,7 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
         positions = torch.full((live.numel(),), step, dtype=torch.long)
         logits = model.decode_step(last, positions, cache, head)  # (N, V|C)
         cands, sel = score_step(logits, live, beams.running, at_max, mc, forced_eos=forced_eos, candidates=candidates)
-        stats.steps += 1
-        stats.row_steps += live.numel()
-        stats.sentence_steps += n
+        stats.record_step(live.numel(), n)
         _finish(beams, cands, sel, pools, step, k, cfg)
         best_finished = torch.tensor([pools[s].best_log_prob for s in beams.active])
         running = prune_running(cands, sel, best_finished, pruning, stats)

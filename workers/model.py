@@ -56,6 +56,17 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
+        self.qkv_proj: nn.Module | None = None  # fused (3E, E) projection for decoding (workers/speedups.py)
+
+    def step_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Decoding step projections. x (N, E) -> q (N, H, 1, D), k (N, H, D), v (N, H, D)."""
+        n = x.shape[0]
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).chunk(3, dim=-1)  # one GEMM instead of three
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return (self.split(q[:, None]), k.reshape(n, self.num_heads, self.head_dim),
+                v.reshape(n, self.num_heads, self.head_dim))
 
     def split(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
@@ -252,8 +263,7 @@ class Decoder(nn.Module):
         rows = torch.arange(n, device=tokens.device)
         for i, layer in enumerate(self.layers):
             sa = layer.self_attn
-            q = sa.split(sa.q_proj(x)[:, None])  # (N, H, 1, D)
-            k, v = sa.k_proj(x).view(n, sa.num_heads, sa.head_dim), sa.v_proj(x).view(n, sa.num_heads, sa.head_dim)
+            q, k, v = sa.step_qkv(x)  # (N, H, 1, D), (N, H, D), (N, H, D)
             if shared:
                 cache.self_k[t - 1, i], cache.self_v[t - 1, i] = k, v
             else:
@@ -292,6 +302,7 @@ class MarianModel(nn.Module):
         self.model = MarianInner(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.decoder_vocab_size, bias=False)
         self.register_buffer("final_logits_bias", torch.zeros(1, cfg.decoder_vocab_size))
+        self.int8_head: nn.Module | None = None  # int8 full-vocabulary output layer (workers/speedups.py)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.decoder.embed_tokens.weight
 
@@ -313,6 +324,10 @@ class MarianModel(nn.Module):
     def project(self, hidden: Tensor, head: OutputHead | Tensor | None = None) -> Tensor:
         """hidden (..., E) -> logits (..., V), or (..., C) over a shortlist head (or candidate ids (C,))."""
         if head is None:
+            if self.int8_head is not None:  # workers/speedups.py
+                bias = self.logits_bias()
+                logits = self.int8_head(hidden)
+                return logits if bias is None else logits + bias
             return F.linear(hidden, self.lm_head.weight, self.logits_bias())
         if isinstance(head, Tensor):
             head = self.output_head(head)

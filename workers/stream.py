@@ -132,9 +132,7 @@ class StreamDecoder:
         logits = self.model.project(hidden, self._head)  # (N, V|C)
         cands, sel = score_step(logits, slots, running, at_max, mc, forced_eos=self.forced_eos,
                                 candidates=self.candidates)
-        self.stats.steps += 1
-        self.stats.row_steps += rows.numel()
-        self.stats.sentence_steps += n
+        self.stats.record_step(rows.numel(), n)
         if bool(sel.finished.any()):
             self._finish(cands, sel, blocks, index, length)
         running = prune_running(cands, sel, st.best_finished[index], self.search.pruning, self.stats)

@@ -20,3 +20,4 @@ def test_bench_pipeline_smoke(demo_model_dir, tmp_path):
     assert len(tokens) == 3 and all(abs(t - tokens[0]) <= 0.02 * tokens[0] for t in tokens[1:])
     assert report["ratio"] > 0 and sum(a["units"] for a in report["actors"]) == 4  # 2 rounds x 2 units of 10 rows
     assert "pipeline ÷ in-process" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "report-stats.png").exists() and (tmp_path / "report-stats.html").exists()

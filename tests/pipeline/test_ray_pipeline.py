@@ -14,6 +14,7 @@ import sacrebleu
 
 from jobs.translate import main
 from pipeline.sink import OutputStore
+from pipeline.stats_report import batch_histogram
 from pipeline.units import InputError
 from tests.pipeline.ray_helpers import (
     SAMPLE,
@@ -98,6 +99,8 @@ def test_txt_in_txt_out_and_evaluation_from_summed_statistics(cluster, demo_mode
     png, page = tmp_path / "out.txt.report.png", (tmp_path / "out.txt.report.html").read_text(encoding="utf-8")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "data:image/png;base64," in page and "<th>tgt_tok_per_s</th>" in page and "sentences</b>: 25" in page
+    stats = OutputStore(str(tmp_path / "out.txt.parts")).read_stats().to_pylist()
+    assert sum(batch_histogram(stats).values()) == sum(s["steps"] for s in stats) > 0  # the Figure 8 panel's data
 
 
 def test_bad_columns_fail_before_any_work(cluster, demo_model_dir, tmp_path):
