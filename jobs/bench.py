@@ -30,6 +30,7 @@ from pipeline.reports import SETS, markdown_table, read_lines, write_report
 from pipeline.shortlists import load_shortlist
 from workers.config import PruningConfig, SearchConfig
 from workers.flops import flops_per_target_token
+from workers.speedups import CpuSpeedups, apply_speedups
 from workers.translator import Translator
 
 BEST_PRUNING = PruningConfig(ap=2.5, mc=3)  # provisional until the search benchmark picks defaults
@@ -49,6 +50,28 @@ def add_flops(table: list[dict], translator: Translator, lines: list[str], beam:
         row["share_of_gemm_peak"] = round(fpt * row["tokens_per_s"] / 1e9 / peak, 4)
 
 
+SPEEDUP_STEPS = (("ours-exact", "baseline: fp32, cached cross-attn K/V, time-major self-attn cache"),
+                 ("ours+qkv", "+ fused QKV projection"), ("ours+qkv+int8", "+ int8 dynamic linear layers"))
+
+
+def sped_up(args: argparse.Namespace, opts: CpuSpeedups) -> Translator:
+    translator = Translator.load(args.model, threads=args.threads)
+    apply_speedups(translator.checkpoint.model, opts)
+    return translator
+
+
+def speedup_rows(table: list[dict]) -> list[dict]:
+    """The cumulative speed-up table from the systems that ran: tokens/s, speed-up, BLEU change."""
+    by_name = {r["system"]: r for r in table}
+    steps = [(name, label) for name, label in SPEEDUP_STEPS if name in by_name]
+    if not steps or steps[0][0] != "ours-exact":
+        return []
+    base = by_name["ours-exact"]
+    return [{"step": label, "tokens_per_s": by_name[n]["tokens_per_s"],
+             "speedup": round(by_name[n]["tokens_per_s"] / base["tokens_per_s"], 3),
+             "bleu": by_name[n]["bleu"], "bleu_change": round(by_name[n]["bleu"] - base["bleu"], 2)} for n, label in steps]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="models/demo-de-en")
@@ -59,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--shortlist", help="table for ours-best (lex.s2t or .vmap); none: pruning only")
-    p.add_argument("--systems", default="ours-exact,ours-best,ct2-float32,ct2-int8,hf")
+    p.add_argument("--systems", default="ours-exact,ours+qkv,ours+qkv+int8,ours-best,ct2-float32,ct2-int8,hf",
+                   help="ours+qkv / ours+qkv+int8: the CPU speed-ups (workers/speedups.py), cumulative")
     p.add_argument("--out", default="reports/peers")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -82,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
         best = SearchConfig(beam_size=beam, max_length_a=0.0, max_length_b=256, max_decoding_length=256,
                             pruning=BEST_PRUNING)
         factories = {"ours-exact": lambda: ours(translator, cfg), "ours-best": lambda: ours(best_translator, best, shortlist),
+                     "ours+qkv": lambda: ours(sped_up(args, CpuSpeedups(fused_qkv=True)), cfg),
+                     "ours+qkv+int8": lambda: ours(sped_up(args, CpuSpeedups(fused_qkv=True, int8=True)), cfg),
                      "ct2-float32": lambda: ctranslate2_system(args.model, "float32", args.threads, cfg, translator, tmp),
                      "ct2-int8": lambda: ctranslate2_system(args.model, "int8", args.threads, cfg, translator, tmp),
                      "hf": lambda: hf_system(args.model, cfg)}
@@ -102,6 +128,11 @@ def main(argv: list[str] | None = None) -> None:
             report["tables"][f"{name}/beam{beam}"] = {"rows": table, "ratios": ratios}
             md += [f"## {name}, beam {beam}\n", markdown_table(table), "",
                    "Ratios: " + ", ".join(f"{k} = {v}" for k, v in ratios.items()), ""]
+            steps = speedup_rows(table)
+            if len(steps) > 1:
+                report["tables"][f"{name}/beam{beam}/speedups"] = steps
+                md += [f"### CPU speed-ups, cumulative (Devlin Table 1 form), {name}, beam {beam}\n",
+                       markdown_table(steps), ""]
     write_report(args.out, report, md)
 
 

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--beam-size", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-batch-size", type=int, default=32)
-    p.add_argument("--unit-rows", type=int, default=1000)
+    p.add_argument("--unit-rows", type=int, default=2500)
     p.add_argument("--out", default="reports/pipeline-wmt22")
     p.add_argument("--encoders", default="1,0", help="pipeline variants to run: encoder actors (0: decoders tokenise)")
     p.add_argument("--stats-report", action=argparse.BooleanOptionalAction, default=True,

@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--id-column", help="default: 'id' when present, else the row number")
     g.add_argument("--reference-column", help="references for --evaluate")
     g.add_argument("--evaluate", action="store_true", help="sacreBLEU BLEU and chrF against --reference-column")
-    g.add_argument("--unit-rows", type=int, default=1000, help="rows per work unit (the commit / resume grain)")
+    g.add_argument("--unit-rows", type=int, default=2500,
+                   help="rows per work unit: the commit / resume grain, and the decoder sorts by length within it")
     g.add_argument("--decoders", type=int, default=0, help="decoder actors (0: as many as the cluster's cores allow)")
     g.add_argument("--min-decoders", type=int, help="autoscaling pool: at least this many decoder actors")
     g.add_argument("--max-decoders", type=int, help="autoscaling pool: at most this many decoder actors")

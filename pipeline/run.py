@@ -42,7 +42,7 @@ class PipelineConfig:
     input: str
     columns: Columns
     decoder: DecoderSettings
-    unit_rows: int = 1000
+    unit_rows: int = 2500
     decoders: int | tuple[int, int] = 0  # 0: as many as the cluster's CPUs (or GPUs) allow; (min, max): autoscale
     encoders: int = 1  # 0: decoder actors tokenise their units themselves
     cpus_per_decoder: float = 0.0  # 0: the decoder's thread count

@@ -21,9 +21,11 @@ def test_peer_benchmark_smoke(demo_model_dir, tmp_path):
     report = json.loads(out.with_suffix(".json").read_text())
     table = report["tables"]["multi30k/beam1"]
     names = [r["system"] for r in table["rows"]]
-    assert names == ["ours-exact", "ours-best", "ct2-float32", "ct2-int8", "hf"]
+    assert names == ["ours-exact", "ours+qkv", "ours+qkv+int8", "ours-best", "ct2-float32", "ct2-int8", "hf"]
     bleu = {r["system"]: r["bleu"] for r in table["rows"]}
-    assert bleu["ours-exact"] == bleu["ct2-float32"] == bleu["hf"]  # greedy: identical outputs
+    assert bleu["ours-exact"] == bleu["ours+qkv"] == bleu["ct2-float32"] == bleu["hf"]  # greedy: identical outputs
+    steps = report["tables"]["multi30k/beam1/speedups"]
+    assert [s["step"][:2] for s in steps] == ["ba", "+ ", "+ "] and steps[0]["speedup"] == 1.0
     assert set(table["ratios"]) >= {"ours-exact / ct2-float32", "ours-exact / hf"}
     assert all(r["tokens_per_s"] > 0 and 0 < r["share_of_gemm_peak"] for r in table["rows"])
     assert report["gemm_peak_gflops"] > 0
