@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--flush-every", type=int, default=0, help="var-stream: expand all sentences every N steps")
     g = p.add_argument_group("shortlist vocabulary (Shi & Knight 2017); see jobs.build_shortlist")
     g.add_argument("--shortlist", help="lex.s2t (with its .freq) or CTranslate2 .vmap file")
-    g.add_argument("--shortlist-m", type=int, default=50, help="top translations kept per source token")
+    g.add_argument("--shortlist-m", type=int, default=10,
+                   help="top translations kept per source token (10: the fastest within 0.3 BLEU, reports/shortlist-multi30k.md)")
     g.add_argument("--shortlist-n", type=int, default=100, help="most frequent target tokens always kept")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per decoder (0: all cores "
                    "in-process, 2 per decoder actor on Ray)")

@@ -42,7 +42,7 @@ class DecoderSettings:
     threads: int = 1
     max_batch_size: int = 32
     shortlist: str | None = None
-    shortlist_m: int = 50
+    shortlist_m: int = 10
     shortlist_n: int = 100
     evaluate: bool = False
     tune_batch: bool = False  # closed-loop batch size (workers/tuning.py) instead of max_batch_size
