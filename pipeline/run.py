@@ -29,7 +29,7 @@ import pyarrow as pa
 from pipeline.actors import DecoderSettings, DecoderWorker, EncoderWorker, unit_to_row
 from pipeline.dispatch import Pool
 from pipeline.evaluate import EvalStats, Scores, score
-from pipeline.sink import OutputStore
+from pipeline.sink import OUTPUT_SCHEMA, OutputStore
 from pipeline.units import Columns, Plan, WorkUnit, plan_units
 
 logger = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ def _unreadable_part(unit: WorkUnit, reason: str, signature: str) -> pa.Table:
     return pa.table({"id": pa.array(rows if unit.id_column is None else [None] * n), "row": pa.array(rows, pa.int64()),
                      "source": pa.array([None] * n, pa.string()), "translation": [""] * n,
                      "score": pa.array([0.0] * n, pa.float32()),
-                     "nbest": pa.array([[]] * n, pa.list_(pa.struct([("text", pa.string()), ("score", pa.float32())]))),
+                     "nbest": pa.array([[]] * n, OUTPUT_SCHEMA.field("nbest").type),
                      "status": ["unreadable"] * n, "reason": [f"unit {unit.name} could not be read: {reason}"] * n,
                      "signature": [signature] * n})
 

@@ -47,6 +47,16 @@ class DecodeStats:
         self.batch_sizes[sentences] += 1
 
 
+def pad_sources(sources: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Source id lists -> src_ids (B, S) padded with ``pad_id``, src_mask (B, S) bool (True = token)."""
+    s = max(len(x) for x in sources)
+    src_ids = torch.full((len(sources), s), pad_id, dtype=torch.long)
+    src_mask = torch.zeros((len(sources), s), dtype=torch.bool)
+    for row, x in enumerate(sources):
+        src_ids[row, : len(x)], src_mask[row, : len(x)] = torch.tensor(x), True
+    return src_ids, src_mask
+
+
 def max_lengths(source_lengths: list[int], cfg: SearchConfig, positions: int) -> list[int]:
     """Per-sentence cap on generated tokens, never past the model's position table."""
     return [min(cfg.max_length_for(n), positions) for n in source_lengths]

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from workers.config import SearchConfig
-from workers.engine import DecodeStats, max_lengths, prune_running, score_step
+from workers.engine import DecodeStats, max_lengths, pad_sources, prune_running, score_step
 from workers.model import MarianModel
 from workers.scheduler import Request, Scheduler, SchedulerConfig, StepOutput
 from workers.search import Candidates, FinishedPool, Hypothesis, StepSelection, length_normalize
@@ -98,11 +98,7 @@ class StreamDecoder:
     def _admit(self, sources: list[list[int]], ids: tuple[int, ...]) -> None:
         """Encode the admitted sentences, write their cross-attention K/V, reset their slots."""
         k, mc, st = self.search.beam_size, self.model.config, self.state
-        s = max(len(x) for x in sources)
-        src_ids = torch.full((len(sources), s), mc.pad_token_id, dtype=torch.long)
-        src_mask = torch.zeros((len(sources), s), dtype=torch.bool)
-        for row, x in enumerate(sources):
-            src_ids[row, : len(x)], src_mask[row, : len(x)] = torch.tensor(x), True
+        src_ids, src_mask = pad_sources(sources, mc.pad_token_id)
         blocks = [self.free.pop(0) for _ in sources]
         self.cache.admit(self.model.model.decoder, self.model.encode(src_ids, src_mask), src_mask, blocks)
         index = torch.tensor(blocks)  # (A,)

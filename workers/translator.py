@@ -13,7 +13,7 @@ import torch
 
 from workers.checkpoint import Checkpoint, Reader, load_checkpoint, local_reader
 from workers.config import SearchConfig
-from workers.engine import DecodeStats, beam_search, greedy_search
+from workers.engine import DecodeStats, beam_search, greedy_search, pad_sources
 from workers.scheduler import SchedulerConfig, SchedulerStats
 from workers.search import Hypothesis
 from workers.shortlist import Shortlist
@@ -120,13 +120,7 @@ class Translator:
             return self._decode_batch(sources[:half], cfg, shortlist) + self._decode_batch(sources[half:], cfg, shortlist)
 
     def _search(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None) -> list[list[Hypothesis]]:
-        mc = self.checkpoint.model.config
-        s = max(len(x) for x in sources)
-        src_ids = torch.full((len(sources), s), mc.pad_token_id, dtype=torch.long)
-        src_mask = torch.zeros((len(sources), s), dtype=torch.bool)
-        for row, x in enumerate(sources):
-            src_ids[row, : len(x)] = torch.tensor(x)
-            src_mask[row, : len(x)] = True
+        src_ids, src_mask = pad_sources(sources, self.checkpoint.model.config.pad_token_id)
         candidates = shortlist.candidates(sources) if shortlist else None
         if candidates is not None:
             self.shortlist_sizes.append(candidates.numel())
