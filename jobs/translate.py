@@ -21,6 +21,7 @@ import argparse
 import logging
 import os
 import time
+from dataclasses import replace
 
 import fsspec
 import pyarrow.parquet as pq
@@ -35,6 +36,7 @@ from pipeline.storage import model_reader, storage_options
 from pipeline.units import Columns
 from workers.config import FAST_PRUNING, PruningConfig, SearchConfig
 from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
+from workers.speedups import EXACT, CpuSpeedups
 from workers.translator import Translator
 
 
@@ -75,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shortlist-m", type=int, default=10,
                    help="top translations kept per source token (10: the fastest within 0.3 BLEU, reports/shortlist-multi30k.md)")
     g.add_argument("--shortlist-n", type=int, default=100, help="most frequent target tokens always kept")
+    p.add_argument("--int8", action="store_true", help="int8 dynamic quantisation of the linear layers (CPU; "
+                   "measured in reports/peers-*.md: faster, BLEU within quantisation noise)")
+    p.add_argument("--no-speedups", action="store_true", help="plain torch layers: no fused QKV, no oneDNN packing")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per decoder (0: all cores "
                    "in-process, 2 per decoder actor on Ray)")
     g = p.add_argument_group("Ray pipeline")
@@ -125,15 +130,22 @@ def load_shortlist_for(args: argparse.Namespace, translator: Translator):
                           top_n=args.shortlist_n, special_ids=translator.special_target_ids())
 
 
+def speedups_of(args: argparse.Namespace) -> CpuSpeedups:
+    if args.no_speedups:
+        return CpuSpeedups(int8=args.int8)
+    return replace(EXACT, int8=args.int8)
+
+
 def signature(args: argparse.Namespace, cfg: SearchConfig) -> str:
     return f"model:{args.model}|{cfg.signature()}|batching:{args.batching}" + (
-        f"|shortlist:{args.shortlist}:{args.shortlist_m}:{args.shortlist_n}" if args.shortlist else "")
+        f"|shortlist:{args.shortlist}:{args.shortlist_m}:{args.shortlist_n}" if args.shortlist else "") + (
+        "|int8" if args.int8 else "")
 
 
 def run_in_process(args: argparse.Namespace, cfg: SearchConfig) -> None:
     corpus = read_corpus(args.input, text_column=args.text_column, id_column=args.id_column or "id")
     translator = Translator.load(model_reader(args.model), threads=args.threads or None,
-                                 max_batch_size=args.max_batch_size)
+                                 max_batch_size=args.max_batch_size, speedups=speedups_of(args))
     shortlist = load_shortlist_for(args, translator)
     if args.tune_batch:
         translator.tune_batches(cfg)
@@ -157,7 +169,8 @@ def pipeline_config(args: argparse.Namespace, cfg: SearchConfig) -> PipelineConf
         model=local_path(args.model), output=local_path(args.output + ".parts" if single_file else args.output),
         search=cfg, batching=scheduler_config(args), signature=signature(args, cfg), threads=args.threads or 2,
         max_batch_size=args.max_batch_size, shortlist=args.shortlist and local_path(args.shortlist),
-        shortlist_m=args.shortlist_m, shortlist_n=args.shortlist_n, evaluate=args.evaluate, tune_batch=args.tune_batch)
+        shortlist_m=args.shortlist_m, shortlist_n=args.shortlist_n, evaluate=args.evaluate, tune_batch=args.tune_batch,
+        speedups=speedups_of(args))
     decoders = args.decoders
     if args.min_decoders is not None or args.max_decoders is not None:
         decoders = (args.min_decoders or 1, args.max_decoders or max(args.min_decoders or 1, 1))

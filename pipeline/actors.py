@@ -27,6 +27,7 @@ from workers.config import SearchConfig
 from workers.engine import DecodeStats
 from workers.inputs import CleanText, clean_text, split_to_fit
 from workers.scheduler import SchedulerConfig
+from workers.speedups import EXACT, CpuSpeedups
 from workers.translator import Translator
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class DecoderSettings:
     tune_batch: bool = False  # closed-loop batch size (workers/tuning.py) instead of max_batch_size
     token_logprobs: bool = False  # teacher-forced log-prob of each token of the best translation (distillation)
     keep_reference: bool = False  # the reference column travels to the output (a distillation bitext's target)
+    speedups: CpuSpeedups = EXACT  # CPU rewrites of the model (workers/speedups.py)
 
 
 def unit_to_row(unit: WorkUnit) -> dict:
@@ -110,7 +112,7 @@ class DecoderWorker:
     def __init__(self, settings: DecoderSettings, columns: Columns) -> None:
         self.settings = settings
         self.translator = Translator.load(model_reader(settings.model), threads=settings.threads,
-                                          max_batch_size=settings.max_batch_size)
+                                          max_batch_size=settings.max_batch_size, speedups=settings.speedups)
         if settings.tune_batch:
             self.translator.tune_batches(settings.search)
         self.shortlist = None

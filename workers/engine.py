@@ -6,6 +6,7 @@ math lives in ``workers.search``; this module only moves tensors between it and 
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -57,6 +58,9 @@ def pad_sources(sources: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     return src_ids, src_mask
 
 
+INITIAL_CAPACITY = 32  # self-attention cache positions allocated up front; the cache grows past it
+
+
 def max_lengths(source_lengths: list[int], cfg: SearchConfig, positions: int) -> list[int]:
     """Per-sentence cap on generated tokens, never past the model's position table."""
     return [min(cfg.max_length_for(n), positions) for n in source_lengths]
@@ -91,7 +95,7 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
     mc, stats = model.config, stats or DecodeStats()
     b = src_ids.shape[0]
     max_lens = max_lengths(src_mask.sum(1).tolist(), cfg, mc.max_position_embeddings)
-    cache = model.init_cache(model.encode(src_ids, src_mask), src_mask, max(max_lens))
+    cache = model.init_cache(model.encode(src_ids, src_mask), src_mask, min(max(max_lens), INITIAL_CAPACITY))
     head = model.output_head(candidates) if candidates is not None else None
     active = list(range(b))
     last = torch.full((b,), mc.decoder_start_token_id, dtype=torch.long)
@@ -130,7 +134,7 @@ class _Beams:
     """Beam-search state of the sentences still decoding. Slots are (sentence, beam) pairs laid out
     row-major as ``j * K + beam``; only live slots (finite running score) own a cache row, in slot order.
 
-    running (B', K) cumulative log-probs (-inf = no candidate); history (B' * K, T) tokens per slot.
+    running (B', K) cumulative log-probs (-inf = no candidate); history (B' * K, step) tokens per slot.
     """
 
     active: list[int]
@@ -179,12 +183,12 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
     b = src_ids.shape[0]
     max_lens = max_lengths(src_mask.sum(1).tolist(), cfg, mc.max_position_embeddings)
     t_max = max(max_lens)
-    cache = model.init_cache(model.encode(src_ids, src_mask), src_mask, t_max)  # one live beam per sentence
+    cache = model.init_cache(model.encode(src_ids, src_mask), src_mask, 1)  # one live beam per sentence
     head = model.output_head(candidates) if candidates is not None else None
     pools = [FinishedPool(k) for _ in range(b)]
     running = torch.full((b, k), float("-inf"))
     running[:, 0] = 0.0
-    beams = _Beams(list(range(b)), running, torch.full((b * k, t_max), mc.pad_token_id, dtype=torch.long))
+    beams = _Beams(list(range(b)), running, torch.empty((b * k, 0), dtype=torch.long))
     last = torch.full((b,), mc.decoder_start_token_id, dtype=torch.long)  # (N,) one per live slot
     for step in range(t_max):
         n, live = len(beams.active), beams.live_slots()
@@ -197,8 +201,9 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
         best_finished = torch.tensor([pools[s].best_log_prob for s in beams.active])
         running = prune_running(cands, sel, best_finished, pruning, stats)
         running, order = running.sort(dim=1, descending=True, stable=True)  # pruned slots last
-        keep = [j for j, s in enumerate(beams.active) if not at_max[j] and bool(torch.isfinite(running[j, 0]))
-                and not is_done(pools[s], float(running[j, 0]), step + 1, cfg.length_penalty, cfg.early_stopping)]
+        best, capped = running[:, 0].tolist(), at_max.tolist()
+        keep = [j for j, s in enumerate(beams.active) if not capped[j] and math.isfinite(best[j])
+                and not is_done(pools[s], best[j], step + 1, cfg.length_penalty, cfg.early_stopping)]
         if not keep:
             break
         keep_t = torch.tensor(keep)
@@ -212,8 +217,7 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
         rows = row_of_slot[source_slot.view(-1)[new_live]]  # (N',) old cache row of each new live slot
         same_layout = len(keep) == n and torch.equal(new_live, torch.isfinite(beams.running).view(-1))
         cache = cache.select(rows, step + 1, cross=not same_layout, zero_tail=False)  # one shared position
-        history = beams.history[source_slot.view(-1)]
-        history[:, step] = new_tokens.view(-1)
+        history = torch.cat([beams.history[source_slot.view(-1)], new_tokens.view(-1, 1)], dim=1)  # (B''*K, step+1)
         beams = _Beams([beams.active[j] for j in keep], running, history)
         last = new_tokens.view(-1)[new_live]
     stats.target_tokens += sum(len(p.hyps[0].tokens) for p in pools if p.hyps)

@@ -160,16 +160,22 @@ class OutputHead:
     ids: Tensor
     weight: Tensor
     bias: Tensor | None
+    linear: nn.Module | None = None  # the same projection, prepacked (workers/speedups.py)
 
 
 @dataclass
 class DecoderCache:
     """Per-row decoding state. Rows are (sentence, beam) pairs; each row has its own position.
 
-    self_k/self_v: (T_max, L, N, H, D) preallocated, time-major: the first ``t`` positions of every
-    layer and row are one contiguous block, so reordering rows is one ``index_select`` into a fresh
-    buffer's prefix (no strided gather), and a step's keys are a strided view, never a copy.
-    cross_k/cross_v: (L, N, H, S, D) computed once; src_mask: (N, S) bool.
+    self_k/self_v: (T_cap, L, N, H, D), time-major: the first ``t`` positions of every layer and
+    row are one contiguous block, so reordering rows is one ``index_select`` into a fresh buffer's
+    prefix (no strided gather), and a step's keys are a strided view, never a copy. ``T_cap`` is a
+    capacity that grows on demand (``reserve``), so a batch pays for the length it reaches, not for
+    its length cap (allocating and zeroing 256 positions per step cost more than the copy itself).
+    Positions no row has written yet are zero: a row behind the furthest one reads them under its
+    mask, so they must be finite (masked NaN/inf garbage would still poison the attention output).
+    cross_k/cross_v: (L, N, H, S, D) computed once; src_mask: (N, S) bool; cross_bias: (N, H, 1, S)
+    the additive form of src_mask (0 = attend, -inf = padding), one copy per head for ``baddbmm``.
     """
 
     self_k: Tensor
@@ -177,6 +183,14 @@ class DecoderCache:
     cross_k: Tensor
     cross_v: Tensor
     src_mask: Tensor
+    cross_bias: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.cross_bias is None:
+            n, s = self.src_mask.shape
+            bias = torch.zeros((n, s), dtype=self.cross_k.dtype, device=self.cross_k.device)
+            bias.masked_fill_(~self.src_mask, float("-inf"))
+            self.cross_bias = bias[:, None, None, :].expand(n, self.cross_k.shape[2], 1, s).contiguous()
 
     @property
     def num_rows(self) -> int:
@@ -184,22 +198,32 @@ class DecoderCache:
 
     @property
     def max_length(self) -> int:
+        """The current capacity in positions (``reserve`` grows it)."""
         return self.self_k.shape[0]
+
+    def reserve(self, length: int) -> None:
+        """Make room for ``length`` positions (doubling, so growth costs O(length) overall)."""
+        if length <= self.max_length:
+            return
+        cap = max(length, 2 * self.max_length)
+        for name in ("self_k", "self_v"):
+            old = getattr(self, name)
+            new = old.new_zeros((cap, *old.shape[1:]))
+            new[: old.shape[0]] = old
+            setattr(self, name, new)
 
     def select(self, rows: Tensor, length: int | None = None, cross: bool = True,
                zero_tail: bool = True) -> "DecoderCache":
         """Rows ``rows`` (N',) of this cache, in that order (beam reordering / dropping finished rows).
 
-        Only the first ``length`` self-attention positions are copied; later ones are zeroed, not
-        copied: a row behind the furthest one reads them under its mask, so they must be finite
-        (masked NaN/inf garbage would still poison the attention output). ``cross=False`` keeps
-        cross-attention K/V as they are: valid when rows are only permuted among the beams of the
-        same sentences. ``zero_tail=False`` skips the zeroing when every row is at position
-        ``length`` next (the tail is then written before it is read).
+        Only the first ``length`` self-attention positions are copied, into a cache of capacity
+        ``length + 1`` (the next step's write). ``cross=False`` keeps cross-attention K/V as they
+        are: valid when rows are only permuted among the beams of the same sentences.
+        ``zero_tail=False`` skips zeroing the spare position when every row writes it next.
         """
         length = self.max_length if length is None else length
         shape = list(self.self_k.shape)
-        shape[2] = rows.shape[0]
+        shape[0], shape[2] = length + 1, rows.shape[0]
         self_k, self_v = self.self_k.new_empty(shape), self.self_v.new_empty(shape)
         torch.index_select(self.self_k[:length], 2, rows, out=self_k[:length])  # prefix: contiguous
         torch.index_select(self.self_v[:length], 2, rows, out=self_v[:length])
@@ -207,9 +231,9 @@ class DecoderCache:
             self_k[length:] = 0
             self_v[length:] = 0
         if not cross:
-            return DecoderCache(self_k, self_v, self.cross_k, self.cross_v, self.src_mask)
+            return DecoderCache(self_k, self_v, self.cross_k, self.cross_v, self.src_mask, self.cross_bias)
         return DecoderCache(self_k, self_v, self.cross_k.index_select(1, rows), self.cross_v.index_select(1, rows),
-                            self.src_mask.index_select(0, rows))
+                            self.src_mask.index_select(0, rows), self.cross_bias.index_select(0, rows))
 
 
 def cached_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
@@ -220,6 +244,16 @@ def cached_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | Non
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1), values)
+
+
+def cross_attention(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
+    """One query per row over its source. q (N, H, 1, D); keys/values (N, H, S, D) contiguous;
+    bias (N, H, 1, S) additive mask -> (N, H, 1, D). Scale, mask and scores in one ``baddbmm``:
+    measured 1.6x faster than SDPA's CPU kernel for a single query (same result to 1e-6)."""
+    n, h, s, d = keys.shape
+    scores = torch.baddbmm(bias.view(n * h, 1, s), q.reshape(n * h, 1, d), keys.view(n * h, s, d).transpose(1, 2),
+                           alpha=d ** -0.5)  # (N*H, 1, S)
+    return torch.bmm(torch.softmax(scores, dim=-1), values.view(n * h, s, d)).view(n, h, 1, d)
 
 
 class Decoder(nn.Module):
@@ -242,7 +276,8 @@ class Decoder(nn.Module):
         return x
 
     def init_cache(self, memory: Tensor, src_mask: Tensor, max_length: int) -> DecoderCache:
-        """Cross-attention K/V for every layer, once per sentence. memory (N, S, E), src_mask (N, S)."""
+        """Cross-attention K/V for every layer, once per sentence. memory (N, S, E), src_mask (N, S).
+        ``max_length``: the initial self-attention capacity (it grows as steps need it)."""
         n = memory.shape[0]
         cross_k = torch.stack([l.encoder_attn.split(l.encoder_attn.k_proj(memory)) for l in self.layers])
         cross_v = torch.stack([l.encoder_attn.split(l.encoder_attn.v_proj(memory)) for l in self.layers])
@@ -257,9 +292,9 @@ class Decoder(nn.Module):
         n = tokens.shape[0]
         x = self.embed_tokens(tokens) * self.embed_scale + self.embed_positions.weight[positions]  # (N, E)
         t = int(positions.max()) + 1
+        cache.reserve(t)
         shared = bool((positions == t - 1).all())  # every row at the same position: no mask, slice writes
         self_mask = None if shared else (torch.arange(t, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]  # (N,1,1,T)
-        cross_mask = cache.src_mask[:, None, None, :]  # (N, 1, 1, S)
         rows = torch.arange(n, device=tokens.device)
         for i, layer in enumerate(self.layers):
             sa = layer.self_attn
@@ -272,7 +307,7 @@ class Decoder(nn.Module):
             x = layer.self_attn_layer_norm(x + sa.merge(cached_attention(q, keys, values, self_mask))[:, 0])
             ca = layer.encoder_attn
             q = ca.split(ca.q_proj(x)[:, None])
-            h = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], attn_mask=cross_mask)
+            h = cross_attention(q, cache.cross_k[i], cache.cross_v[i], cache.cross_bias)
             x = layer.encoder_attn_layer_norm(x + ca.merge(h)[:, 0])
             x = layer.feed_forward(x)
         return x
@@ -302,7 +337,8 @@ class MarianModel(nn.Module):
         self.model = MarianInner(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.decoder_vocab_size, bias=False)
         self.register_buffer("final_logits_bias", torch.zeros(1, cfg.decoder_vocab_size))
-        self.int8_head: nn.Module | None = None  # int8 full-vocabulary output layer (workers/speedups.py)
+        self.vocab_head: nn.Module | None = None  # faster full-vocabulary output layer (workers/speedups.py)
+        self.pack_head = None  # (weight (C, E), bias) -> module: a faster shortlist head (workers/speedups.py)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.decoder.embed_tokens.weight
 
@@ -318,20 +354,21 @@ class MarianModel(nn.Module):
     def output_head(self, candidates: Tensor) -> OutputHead:
         """The output layer cut to a shortlist of target ids (C,), gathered once per batch."""
         bias = self.logits_bias()
-        return OutputHead(candidates, self.lm_head.weight.index_select(0, candidates).contiguous(),
-                          None if bias is None else bias.index_select(0, candidates))
+        weight = self.lm_head.weight.index_select(0, candidates).contiguous()
+        bias = None if bias is None else bias.index_select(0, candidates)
+        return OutputHead(candidates, weight, bias, self.pack_head(weight, bias) if self.pack_head else None)
 
     def project(self, hidden: Tensor, head: OutputHead | Tensor | None = None) -> Tensor:
         """hidden (..., E) -> logits (..., V), or (..., C) over a shortlist head (or candidate ids (C,))."""
         if head is None:
-            if self.int8_head is not None:  # workers/speedups.py
+            if self.vocab_head is not None:  # workers/speedups.py: int8 or prepacked oneDNN
                 bias = self.logits_bias()
-                logits = self.int8_head(hidden)
+                logits = self.vocab_head(hidden)
                 return logits if bias is None else logits + bias
             return F.linear(hidden, self.lm_head.weight, self.logits_bias())
         if isinstance(head, Tensor):
             head = self.output_head(head)
-        return F.linear(hidden, head.weight, head.bias)
+        return head.linear(hidden) if head.linear is not None else F.linear(hidden, head.weight, head.bias)
 
     def forward(self, src_ids: Tensor, src_mask: Tensor, tgt_ids: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V) for decoder inputs tgt_ids (B, T)."""

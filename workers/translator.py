@@ -17,6 +17,7 @@ from workers.engine import DecodeStats, beam_search, greedy_search, pad_sources
 from workers.scheduler import SchedulerConfig, SchedulerStats
 from workers.search import Hypothesis
 from workers.shortlist import Shortlist
+from workers.speedups import EXACT, CpuSpeedups, apply_speedups
 from workers.stream import StreamDecoder
 from workers.training import collate
 from workers.tuning import BatchTuner, TunerConfig, available_memory, bytes_per_sentence
@@ -43,12 +44,16 @@ class Translator:
     tuner: BatchTuner | None = None  # closed-loop batch size (batch mode); None: max_batch_size
 
     @classmethod
-    def load(cls, model: str | Reader, *, threads: int | None = None, max_batch_size: int = 32) -> "Translator":
-        """``model``: a local directory, or a reader (e.g. ``pipeline.storage.model_reader(url)``)."""
+    def load(cls, model: str | Reader, *, threads: int | None = None, max_batch_size: int = 32,
+             speedups: CpuSpeedups = EXACT) -> "Translator":
+        """``model``: a local directory, or a reader (e.g. ``pipeline.storage.model_reader(url)``).
+        ``speedups``: the CPU rewrites (``workers/speedups.py``); the default keeps float32 outputs."""
         if threads:
             torch.set_num_threads(threads)
         reader = local_reader(model) if isinstance(model, str) else model
-        return cls(load_checkpoint(reader), max_batch_size=max_batch_size)
+        checkpoint = load_checkpoint(reader)
+        apply_speedups(checkpoint.model, speedups)
+        return cls(checkpoint, max_batch_size=max_batch_size)
 
     @property
     def forced_eos(self) -> bool:

@@ -68,6 +68,7 @@ class ScriptedModel:
         assert cache.num_rows == n and bool((positions == step).all())
         if step == 0:
             assert bool((tokens == self.config.decoder_start_token_id).all())
+        cache.reserve(step + 1)
         cache.self_k[step, 0, :, 0, 0] = tokens.float()
         self.rows_per_step.append(n)
         logits = torch.empty(n, self.vocab_size)

@@ -1,23 +1,53 @@
-"""CPU speed-ups: fused QKV keeps the translations; int8 stays close (its BLEU change is benchmarked)."""
+"""CPU speed-ups: fused QKV and oneDNN packing keep the translations (float32, another summation
+order); int8 stays close (its BLEU change is benchmarked in jobs.bench)."""
 from __future__ import annotations
 
+import pytest
 import sacrebleu
+import torch
 
 from workers.config import SearchConfig
-from workers.speedups import CpuSpeedups, apply_speedups
+from workers.shortlist import LexicalTable, Shortlist
+from workers.speedups import EXACT, CpuSpeedups, PackedLinear, onednn_available
 from workers.translator import Translator
 from tests.pipeline.ray_helpers import clean_corpus
 
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear kernels")
 
-def test_fused_qkv_keeps_outputs_and_int8_stays_close(demo_model_dir) -> None:
+
+def texts_of(translator: Translator, texts: list[str], cfg: SearchConfig, shortlist=None) -> list[str]:
+    return [t.text for t in translator.translate(texts, cfg, shortlist)]
+
+
+@needs_onednn
+def test_packed_linear_equals_linear() -> None:
+    gen = torch.Generator().manual_seed(0)
+    linear = torch.nn.Linear(16, 40)
+    x = torch.randn(3, 5, 16, generator=gen)
+    torch.testing.assert_close(PackedLinear.of(linear)(x), linear(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(PackedLinear(linear.weight, None)(x[0]), x[0] @ linear.weight.T, atol=1e-5, rtol=1e-5)
+
+
+@needs_onednn
+def test_exact_speedups_keep_outputs_and_int8_stays_close(demo_model_dir) -> None:
     texts, cfg = clean_corpus(24), SearchConfig(beam_size=3)
-    exact = [t.text for t in Translator.load(str(demo_model_dir)).translate(texts, cfg)]
-    fused = Translator.load(str(demo_model_dir))
-    apply_speedups(fused.checkpoint.model, CpuSpeedups(fused_qkv=True))
-    assert fused.checkpoint.model.model.decoder.layers[0].self_attn.qkv_proj is not None
-    assert [t.text for t in fused.translate(texts, cfg)] == exact
-    int8 = Translator.load(str(demo_model_dir))
-    apply_speedups(int8.checkpoint.model, CpuSpeedups(fused_qkv=True, int8=True))
-    assert int8.checkpoint.model.int8_head is not None
-    got = [t.text for t in int8.translate(texts, cfg)]
-    assert sacrebleu.corpus_bleu(got, [exact]).score > 60  # quantisation noise, not a different model
+    plain = Translator.load(str(demo_model_dir), speedups=CpuSpeedups())
+    exact = texts_of(plain, texts, cfg)
+    fast = Translator.load(str(demo_model_dir))  # the default: EXACT
+    model = fast.checkpoint.model
+    assert EXACT.fused_qkv and EXACT.onednn and not EXACT.int8
+    assert model.model.decoder.layers[0].self_attn.qkv_proj is not None
+    assert isinstance(model.model.decoder.layers[0].fc1, PackedLinear) and model.vocab_head is not None
+    assert texts_of(fast, texts, cfg) == exact
+    # shortlist heads are packed per candidate set and give the plain model's shortlist output
+    table = LexicalTable({s: [(t, 1.0) for t in range(s % 50, 8000, 37)] for x in fast.encode(texts) for s in x},
+                         frequent=list(range(300)))
+    shortlist = Shortlist(table, top_m=40, top_n=300, special_ids=fast.special_target_ids())
+    assert texts_of(fast, texts, cfg, shortlist) == texts_of(plain, texts, cfg, shortlist)
+    # the teacher-forced path (distillation scores) runs through the packed layers too
+    src = fast.encode(texts[:4])
+    torch.testing.assert_close(torch.tensor([sum(x) for x in fast.score_ids(src, [[5, 6, 0]] * 4)]),
+                               torch.tensor([sum(x) for x in plain.score_ids(src, [[5, 6, 0]] * 4)]), atol=1e-4, rtol=0)
+    int8 = Translator.load(str(demo_model_dir), speedups=CpuSpeedups(fused_qkv=True, onednn=True, int8=True))
+    assert type(int8.checkpoint.model.model.decoder.layers[0].fc1).__name__ == "Linear"  # quantised, not float
+    assert sacrebleu.corpus_bleu(texts_of(int8, texts, cfg), [exact]).score > 60  # quantisation noise only
