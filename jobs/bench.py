@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from dataclasses import replace
 
 import torch
 
@@ -28,12 +29,13 @@ from pipeline.bench_peers import (
 )
 from pipeline.reports import SETS, markdown_table, read_lines, write_report
 from pipeline.shortlists import load_shortlist
-from workers.config import PruningConfig, SearchConfig
+from workers.config import FAST_PRUNING, SearchConfig
 from workers.flops import flops_per_target_token
-from workers.speedups import CpuSpeedups, apply_speedups
+from workers.speedups import EXACT, CpuSpeedups
 from workers.translator import Translator
 
-BEST_PRUNING = PruningConfig(ap=2.5, mc=3)  # provisional until the search benchmark picks defaults
+BEST_PRUNING = FAST_PRUNING  # the search issue's pick (reports/search.md: rp 0.6, within 0.3 BLEU of exact)
+INT8 = CpuSpeedups(fused_qkv=True, onednn=True, int8=True)
 
 
 
@@ -50,23 +52,34 @@ def add_flops(table: list[dict], translator: Translator, lines: list[str], beam:
         row["share_of_gemm_peak"] = round(fpt * row["tokens_per_s"] / 1e9 / peak, 4)
 
 
-SPEEDUP_STEPS = (("ours-exact", "baseline: fp32, cached cross-attn K/V, time-major self-attn cache"),
-                 ("ours+qkv", "+ fused QKV projection"), ("ours+qkv+int8", "+ int8 dynamic linear layers"))
+SPEEDUP_STEPS = (("ours-plain", "baseline: fp32 torch layers, cached cross-attn K/V, growing time-major self-attn cache"),
+                 ("ours+qkv", "+ fused QKV projection"), ("ours-exact", "+ oneDNN-prepacked linear layers (the default)"),
+                 ("ours+int8", "+ int8 linear layers (per-channel weights; output layer float)"))
 
 
-def sped_up(args: argparse.Namespace, opts: CpuSpeedups) -> Translator:
-    translator = Translator.load(args.model, threads=args.threads)
-    apply_speedups(translator.checkpoint.model, opts)
-    return translator
+RATIOS = (("ours-exact", "ct2-float32"), ("ours-exact-k", "ct2-float32"), ("ours+int8", "ct2-int8"),
+          ("ours-best", "ct2-int8"), ("ours-exact", "hf"), ("ours-best", "hf"), ("ct2-float32", "hf"))
+SAME_OUTPUT = (("ours-exact", "hf"), ("ours-exact-k", "ct2-float32"), ("ours-plain", "ours-exact"))
+
+
+def identical_outputs(systems: list) -> dict[str, int]:
+    """Lines translated identically by pairs that should agree (same search, float32)."""
+    by_name = {s.name: s.outputs for s in systems}
+    return {f"{a} = {b}": sum(x == y for x, y in zip(by_name[a], by_name[b]))
+            for a, b in SAME_OUTPUT if a in by_name and b in by_name}
+
+
+def loaded(args: argparse.Namespace, opts: CpuSpeedups) -> Translator:
+    return Translator.load(args.model, threads=args.threads, speedups=opts)
 
 
 def speedup_rows(table: list[dict]) -> list[dict]:
     """The cumulative speed-up table from the systems that ran: tokens/s, speed-up, BLEU change."""
     by_name = {r["system"]: r for r in table}
     steps = [(name, label) for name, label in SPEEDUP_STEPS if name in by_name]
-    if not steps or steps[0][0] != "ours-exact":
+    if not steps or steps[0][0] != "ours-plain":
         return []
-    base = by_name["ours-exact"]
+    base = by_name["ours-plain"]
     return [{"step": label, "tokens_per_s": by_name[n]["tokens_per_s"],
              "speedup": round(by_name[n]["tokens_per_s"] / base["tokens_per_s"], 3),
              "bleu": by_name[n]["bleu"], "bleu_change": round(by_name[n]["bleu"] - base["bleu"], 2)} for n, label in steps]
@@ -82,14 +95,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--shortlist", help="table for ours-best (lex.s2t or .vmap); none: pruning only")
-    p.add_argument("--systems", default="ours-exact,ours+qkv,ours+qkv+int8,ours-best,ct2-float32,ct2-int8,hf",
-                   help="ours+qkv / ours+qkv+int8: the CPU speed-ups (workers/speedups.py), cumulative")
+    p.add_argument("--systems", default="ours-plain,ours+qkv,ours-exact,ours-exact-k,ours+int8,ours-best,ct2-float32,"
+                   "ct2-int8,hf", help="ours-plain, ours+qkv, ours-exact, ours+int8: the cumulative CPU speed-ups "
+                   "(workers/speedups.py); ours-exact-k: ours-exact stopping at K finished hypotheses, CTranslate2's "
+                   "rule (HF early_stopping=True); ours-best: int8 + rp 0.6 pruning + --shortlist")
     p.add_argument("--out", default="reports/peers")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
-    translator = Translator.load(args.model, threads=args.threads)
-    best_translator = Translator(translator.checkpoint)  # its own stats: the fan-out of ours-best
+    translator = loaded(args, EXACT)
+    best_translator = loaded(args, INT8)  # its own stats: the fan-out of ours-best
     shortlist = None
     if args.shortlist:
         shortlist = load_shortlist(args.shortlist, translator.checkpoint.tokenizer, top_m=50, top_n=100,
@@ -103,11 +118,12 @@ def main(argv: list[str] | None = None) -> None:
     count = lambda text: len(translator.checkpoint.tokenizer.target_spm.encode(text))  # noqa: E731
     for beam in map(int, args.beams.split(",")):
         cfg = SearchConfig(beam_size=beam, max_length_a=0.0, max_length_b=256, max_decoding_length=256)
-        best = SearchConfig(beam_size=beam, max_length_a=0.0, max_length_b=256, max_decoding_length=256,
-                            pruning=BEST_PRUNING)
+        best = replace(cfg, pruning=BEST_PRUNING)
         factories = {"ours-exact": lambda: ours(translator, cfg), "ours-best": lambda: ours(best_translator, best, shortlist),
-                     "ours+qkv": lambda: ours(sped_up(args, CpuSpeedups(fused_qkv=True)), cfg),
-                     "ours+qkv+int8": lambda: ours(sped_up(args, CpuSpeedups(fused_qkv=True, int8=True)), cfg),
+                     "ours-exact-k": lambda: ours(translator, replace(cfg, early_stopping=True)),
+                     "ours-plain": lambda: ours(loaded(args, CpuSpeedups()), cfg),
+                     "ours+qkv": lambda: ours(loaded(args, CpuSpeedups(fused_qkv=True)), cfg),
+                     "ours+int8": lambda: ours(loaded(args, INT8), cfg),
                      "ct2-float32": lambda: ctranslate2_system(args.model, "float32", args.threads, cfg, translator, tmp),
                      "ct2-int8": lambda: ctranslate2_system(args.model, "int8", args.threads, cfg, translator, tmp),
                      "hf": lambda: hf_system(args.model, cfg)}
@@ -123,11 +139,13 @@ def main(argv: list[str] | None = None) -> None:
             table = rows(systems, refs, count)
             add_flops(table, translator, lines, beam, peak, fan_out)
             by_name = {r["system"]: r["tokens_per_s"] for r in table}
-            ratios = {f"{a} / {b}": round(by_name[a] / by_name[b], 3) for a in ("ours-exact", "ours-best")
-                      for b in ("ct2-float32", "ct2-int8", "hf") if a in by_name and b in by_name}
-            report["tables"][f"{name}/beam{beam}"] = {"rows": table, "ratios": ratios}
+            ratios = {f"{a} / {b}": round(by_name[a] / by_name[b], 3) for a, b in RATIOS
+                      if a in by_name and b in by_name}
+            same = identical_outputs(systems)
+            report["tables"][f"{name}/beam{beam}"] = {"rows": table, "ratios": ratios, "identical_outputs": same}
             md += [f"## {name}, beam {beam}\n", markdown_table(table), "",
-                   "Ratios: " + ", ".join(f"{k} = {v}" for k, v in ratios.items()), ""]
+                   "Ratios: " + ", ".join(f"{k} = {v}" for k, v in ratios.items()), "",
+                   "Identical outputs (lines): " + ", ".join(f"{k} {v}/{len(lines)}" for k, v in same.items()), ""]
             steps = speedup_rows(table)
             if len(steps) > 1:
                 report["tables"][f"{name}/beam{beam}/speedups"] = steps

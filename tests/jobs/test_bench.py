@@ -17,16 +17,20 @@ def test_peer_benchmark_smoke(demo_model_dir, tmp_path):
     shared_path("multi30k", "test_2016_flickr.de")
     out = tmp_path / "peers"
     main(["--model", str(demo_model_dir), "--data", str(SHARED_DATA), "--sets", "multi30k", "--lines", "40",
-          "--beams", "1", "--repeats", "1", "--out", str(out)])
+          "--beams", "1,2", "--repeats", "1", "--out", str(out)])
     report = json.loads(out.with_suffix(".json").read_text())
     table = report["tables"]["multi30k/beam1"]
     names = [r["system"] for r in table["rows"]]
-    assert names == ["ours-exact", "ours+qkv", "ours+qkv+int8", "ours-best", "ct2-float32", "ct2-int8", "hf"]
+    assert names == ["ours-plain", "ours+qkv", "ours-exact", "ours-exact-k", "ours+int8", "ours-best", "ct2-float32",
+                     "ct2-int8", "hf"]
     bleu = {r["system"]: r["bleu"] for r in table["rows"]}
     assert bleu["ours-exact"] == bleu["ours+qkv"] == bleu["ct2-float32"] == bleu["hf"]  # greedy: identical outputs
+    assert table["identical_outputs"]["ours-exact = hf"] == 40
     steps = report["tables"]["multi30k/beam1/speedups"]
-    assert [s["step"][:2] for s in steps] == ["ba", "+ ", "+ "] and steps[0]["speedup"] == 1.0
-    assert set(table["ratios"]) >= {"ours-exact / ct2-float32", "ours-exact / hf"}
+    assert [s["step"][:2] for s in steps] == ["ba", "+ ", "+ ", "+ "] and steps[0]["speedup"] == 1.0
+    assert set(table["ratios"]) >= {"ours-exact / ct2-float32", "ours-exact / hf", "ours-best / ct2-int8"}
+    beam2 = report["tables"]["multi30k/beam2"]["identical_outputs"]  # same search rules, same outputs
+    assert beam2["ours-exact = hf"] == beam2["ours-exact-k = ct2-float32"] == beam2["ours-plain = ours-exact"] == 40
     assert all(r["tokens_per_s"] > 0 and 0 < r["share_of_gemm_peak"] for r in table["rows"])
     assert report["gemm_peak_gflops"] > 0
 

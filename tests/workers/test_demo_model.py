@@ -112,3 +112,20 @@ def test_hf_and_ct2_match_on_full_test2016(demo_model_dir, translator, tmp_path)
     assert ours == theirs
     ours, theirs = ct2_matches(demo_model_dir, translator, lines, tmp_path)
     assert ours == theirs
+
+
+def test_ct2_beam_search_equals_ours_with_its_stopping_rule(demo_model_dir, translator, tmp_path):
+    """CTranslate2's beam search (length penalty on) ends a sentence once K hypotheses finished:
+    HF's ``early_stopping=True``. With that rule our beam-5 outputs equal CT2's, word for word."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    lines = read(shared_path("multi30k", "test_2016_flickr.de"))[:120]
+    out_dir = tmp_path / "ct2"
+    subprocess.run([sys.executable, "-m", "ctranslate2.converters.transformers", "--model", str(demo_model_dir),
+                    "--output_dir", str(out_dir)], check=True, capture_output=True)
+    ct2 = ctranslate2.Translator(str(out_dir), device="cpu", intra_threads=2)
+    tok = translator.checkpoint.tokenizer
+    results = ct2.translate_batch([tok.source_pieces(x) + ["</s>"] for x in lines], beam_size=5, length_penalty=1.0,
+                                  max_batch_size=32, max_decoding_length=256)
+    theirs = [tok.decode([tok.target_vocab[p] for p in r.hypotheses[0]]) for r in results]
+    cfg = SearchConfig(beam_size=5, max_length_a=0.0, max_length_b=256, max_decoding_length=256, early_stopping=True)
+    assert [t.text for t in translator.translate(lines, cfg)] == theirs
