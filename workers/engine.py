@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
 from workers.config import PruningConfig, SearchConfig
 from workers.model import MarianModel
@@ -102,29 +103,31 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
     history = torch.full((b, max(max_lens)), mc.pad_token_id, dtype=torch.long)  # (N, T)
     sums = torch.zeros(b, dtype=torch.float64)
     results: list[list[Hypothesis]] = [[] for _ in range(b)]
-    for step in range(max(max_lens)):
-        n = len(active)
-        at_max = torch.tensor([step + 1 >= max_lens[s] for s in active])
-        logits = model.decode_step(last, torch.full((n,), step, dtype=torch.long), cache, head)  # (N, V|C)
-        top = row_top_log_probs(logits, 1, mc.pad_token_id, at_max if forced_eos else None, mc.eos_token_id,
-                                candidates)
-        best_lp, tokens = top.log_probs[:, 0], top.tokens[:, 0]  # (N,)
-        sums += best_lp.double()
-        history[:, step] = tokens
-        stats.record_step(n, n)
-        ended = (tokens == mc.eos_token_id) | at_max
-        for j in ended.nonzero().flatten().tolist():
-            total = float(sums[j])
-            results[active[j]] = [Hypothesis(tuple(history[j, : step + 1].tolist()),
-                                             length_normalize(total, step + 1, cfg.length_penalty), total)]
-        keep = (~ended).nonzero().flatten()
-        if keep.numel() == 0:
-            break
-        if keep.numel() < n:
-            cache = cache.select(keep, step + 1, zero_tail=False)  # rows share one position
-            active = [active[j] for j in keep.tolist()]
-            history, sums = history[keep], sums[keep]
-        last = tokens[keep]
+    with record_function("search loop"):  # the step profile's "search": this minus the model's scopes
+        for step in range(max(max_lens)):
+            n = len(active)
+            at_max = torch.tensor([step + 1 >= max_lens[s] for s in active])
+            logits = model.decode_step(last, torch.full((n,), step, dtype=torch.long), cache, head)  # (N, V|C)
+            top = row_top_log_probs(logits, 1, mc.pad_token_id, at_max if forced_eos else None, mc.eos_token_id,
+                                    candidates)
+            best_lp, tokens = top.log_probs[:, 0], top.tokens[:, 0]  # (N,)
+            sums += best_lp.double()
+            history[:, step] = tokens
+            stats.record_step(n, n)
+            ended = (tokens == mc.eos_token_id) | at_max
+            for j in ended.nonzero().flatten().tolist():
+                total = float(sums[j])
+                results[active[j]] = [Hypothesis(tuple(history[j, : step + 1].tolist()),
+                                                 length_normalize(total, step + 1, cfg.length_penalty), total)]
+            keep = (~ended).nonzero().flatten()
+            if keep.numel() == 0:
+                break
+            if keep.numel() < n:
+                with record_function("cache reorder"):
+                    cache = cache.select(keep, step + 1, zero_tail=False)  # rows share one position
+                active = [active[j] for j in keep.tolist()]
+                history, sums = history[keep], sums[keep]
+            last = tokens[keep]
     stats.target_tokens += sum(len(r[0].tokens) for r in results)
     return results
 
@@ -190,35 +193,37 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
     running[:, 0] = 0.0
     beams = _Beams(list(range(b)), running, torch.empty((b * k, 0), dtype=torch.long))
     last = torch.full((b,), mc.decoder_start_token_id, dtype=torch.long)  # (N,) one per live slot
-    for step in range(t_max):
-        n, live = len(beams.active), beams.live_slots()
-        at_max = torch.tensor([step + 1 >= max_lens[s] for s in beams.active])  # (B',)
-        positions = torch.full((live.numel(),), step, dtype=torch.long)
-        logits = model.decode_step(last, positions, cache, head)  # (N, V|C)
-        cands, sel = score_step(logits, live, beams.running, at_max, mc, forced_eos=forced_eos, candidates=candidates)
-        stats.record_step(live.numel(), n)
-        _finish(beams, cands, sel, pools, step, k, cfg)
-        best_finished = torch.tensor([pools[s].best_log_prob for s in beams.active])
-        running = prune_running(cands, sel, best_finished, pruning, stats)
-        running, order = running.sort(dim=1, descending=True, stable=True)  # pruned slots last
-        best, capped = running[:, 0].tolist(), at_max.tolist()
-        keep = [j for j, s in enumerate(beams.active) if not capped[j] and math.isfinite(best[j])
-                and not is_done(pools[s], best[j], step + 1, cfg.length_penalty, cfg.early_stopping)]
-        if not keep:
-            break
-        keep_t = torch.tensor(keep)
-        running = running[keep_t]  # (B'', K)
-        chosen = sel.running.gather(1, order)[keep_t]  # (B'', K) candidate index of each new slot
-        source_slot = keep_t[:, None] * k + cands.beams[keep_t].gather(1, chosen)  # (B'', K)
-        new_tokens = cands.tokens[keep_t].gather(1, chosen)  # (B'', K)
-        new_live = torch.isfinite(running).view(-1)
-        row_of_slot = torch.full((n * k,), -1, dtype=torch.long)
-        row_of_slot[live] = torch.arange(live.numel())
-        rows = row_of_slot[source_slot.view(-1)[new_live]]  # (N',) old cache row of each new live slot
-        same_layout = len(keep) == n and torch.equal(new_live, torch.isfinite(beams.running).view(-1))
-        cache = cache.select(rows, step + 1, cross=not same_layout, zero_tail=False)  # one shared position
-        history = torch.cat([beams.history[source_slot.view(-1)], new_tokens.view(-1, 1)], dim=1)  # (B''*K, step+1)
-        beams = _Beams([beams.active[j] for j in keep], running, history)
-        last = new_tokens.view(-1)[new_live]
+    with record_function("search loop"):  # the step profile's "search": this minus the model's scopes
+        for step in range(t_max):
+            n, live = len(beams.active), beams.live_slots()
+            at_max = torch.tensor([step + 1 >= max_lens[s] for s in beams.active])  # (B',)
+            positions = torch.full((live.numel(),), step, dtype=torch.long)
+            logits = model.decode_step(last, positions, cache, head)  # (N, V|C)
+            cands, sel = score_step(logits, live, beams.running, at_max, mc, forced_eos=forced_eos, candidates=candidates)
+            stats.record_step(live.numel(), n)
+            _finish(beams, cands, sel, pools, step, k, cfg)
+            best_finished = torch.tensor([pools[s].best_log_prob for s in beams.active])
+            running = prune_running(cands, sel, best_finished, pruning, stats)
+            running, order = running.sort(dim=1, descending=True, stable=True)  # pruned slots last
+            best, capped = running[:, 0].tolist(), at_max.tolist()
+            keep = [j for j, s in enumerate(beams.active) if not capped[j] and math.isfinite(best[j])
+                    and not is_done(pools[s], best[j], step + 1, cfg.length_penalty, cfg.early_stopping)]
+            if not keep:
+                break
+            keep_t = torch.tensor(keep)
+            running = running[keep_t]  # (B'', K)
+            chosen = sel.running.gather(1, order)[keep_t]  # (B'', K) candidate index of each new slot
+            source_slot = keep_t[:, None] * k + cands.beams[keep_t].gather(1, chosen)  # (B'', K)
+            new_tokens = cands.tokens[keep_t].gather(1, chosen)  # (B'', K)
+            new_live = torch.isfinite(running).view(-1)
+            row_of_slot = torch.full((n * k,), -1, dtype=torch.long)
+            row_of_slot[live] = torch.arange(live.numel())
+            rows = row_of_slot[source_slot.view(-1)[new_live]]  # (N',) old cache row of each new live slot
+            same_layout = len(keep) == n and torch.equal(new_live, torch.isfinite(beams.running).view(-1))
+            with record_function("cache reorder"):
+                cache = cache.select(rows, step + 1, cross=not same_layout, zero_tail=False)  # one shared position
+            history = torch.cat([beams.history[source_slot.view(-1)], new_tokens.view(-1, 1)], dim=1)  # (B''*K, step+1)
+            beams = _Beams([beams.active[j] for j in keep], running, history)
+            last = new_tokens.view(-1)[new_live]
     stats.target_tokens += sum(len(p.hyps[0].tokens) for p in pools if p.hyps)
     return [p.hyps[: cfg.num_hypotheses] for p in pools]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.profiler import record_function  # named scopes for the step profile (pipeline/step_profile.py)
 
 from workers.config import ModelConfig
 
@@ -344,7 +345,8 @@ class MarianModel(nn.Module):
 
     def encode(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
         """src_ids (B, S), src_mask (B, S) bool -> memory (B, S, E)."""
-        return self.model.encoder(src_ids, src_mask)
+        with record_function("encoder"):
+            return self.model.encoder(src_ids, src_mask)
 
     def logits_bias(self) -> Tensor | None:
         """``final_logits_bias`` (V,), or None when it is all zeros (most Marian checkpoints): a bias
@@ -376,9 +378,13 @@ class MarianModel(nn.Module):
         return self.project(self.model.decoder(tgt_ids, memory, src_mask))
 
     def init_cache(self, memory: Tensor, src_mask: Tensor, max_length: int) -> DecoderCache:
-        return self.model.decoder.init_cache(memory, src_mask, max_length)
+        with record_function("encoder"):  # cross-attention K/V: once per sentence, like the encoder
+            return self.model.decoder.init_cache(memory, src_mask, max_length)
 
     def decode_step(self, tokens: Tensor, positions: Tensor, cache: DecoderCache,
                     head: OutputHead | None = None) -> Tensor:
         """tokens (N,), positions (N,) -> logits (N, V) (or (N, C) with a shortlist)."""
-        return self.project(self.model.decoder.step(tokens, positions, cache), head)
+        with record_function("decoder layers"):
+            hidden = self.model.decoder.step(tokens, positions, cache)
+        with record_function("output layer"):
+            return self.project(hidden, head)

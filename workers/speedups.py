@@ -9,7 +9,8 @@
   once into oneDNN's blocked layout and run by oneDNN's GEMM instead of torch's default BLAS call
   (MKL). Same float32 math, another summation order. Measured on this 2-core AMD EPYC, at decoding
   shapes (N=109..160 rows): 1.2x on the E x 4E layers, 2.2-3.5x on the E x V output layer, where
-  MKL's unpacked sgemm drops to ~80 GFLOP/s. Skipped (with a warning) where torch lacks oneDNN.
+  MKL's unpacked sgemm drops to ~80 GFLOP/s. The FFN's swish/relu runs as the first FFN GEMM's
+  oneDNN post-op. Skipped (with a warning) where torch lacks oneDNN.
 * ``int8``: dynamic int8 quantisation (weights per output channel, activations per call) of
   every linear layer of encoder and decoder; the full-vocabulary output layer stays float (oneDNN
   when on). Changes outputs by quantisation noise: the benchmark reports its BLEU change.
@@ -25,6 +26,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from workers.model import MarianModel
@@ -53,18 +55,19 @@ def onednn_available() -> bool:
 class PackedLinear(nn.Module):
     """``y = x W^T + b`` with W prepacked once for oneDNN. x (..., in) -> (..., out); float32, CPU."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None, post_op: str = "none") -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().float().contiguous(), None)
         self.bias = None if bias is None else bias.detach().float().contiguous()
+        self.post_op = post_op  # an activation oneDNN applies to the GEMM's output tile: "none", "swish", "relu"
 
     @classmethod
-    def of(cls, linear: nn.Linear) -> "PackedLinear":
-        return cls(linear.weight, linear.bias)
+    def of(cls, linear: nn.Linear, post_op: str = "none") -> "PackedLinear":
+        return cls(linear.weight, linear.bias, post_op)
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.post_op, [], "")
 
 
 def fuse_qkv(model: MarianModel) -> None:
@@ -79,6 +82,10 @@ def fuse_qkv(model: MarianModel) -> None:
         sa.qkv_proj = fused
 
 
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
 def _replace_linears(root: nn.Module, make) -> None:
     for parent in list(root.modules()):
         for name, child in list(parent.named_children()):
@@ -86,8 +93,15 @@ def _replace_linears(root: nn.Module, make) -> None:
                 setattr(parent, name, make(child))
 
 
+POST_OPS = {F.silu: "swish", F.relu: "relu"}  # activations oneDNN can fuse into the first FFN GEMM
+
+
 def pack_onednn(model: MarianModel) -> None:
-    """Every float ``nn.Linear`` of encoder and decoder, and the full-vocabulary output layer, prepacked."""
+    """Every float ``nn.Linear`` of encoder and decoder, and the full-vocabulary output layer,
+    prepacked; the FFN activation (swish/relu) folded into the first FFN GEMM."""
+    for layer in (*model.model.encoder.layers, *model.model.decoder.layers):
+        if type(layer.fc1) is nn.Linear and layer.act in POST_OPS:
+            layer.fc1, layer.act = PackedLinear.of(layer.fc1, POST_OPS[layer.act]), _identity
     for stack in (model.model.encoder, model.model.decoder):
         _replace_linears(stack, PackedLinear.of)
     model.vocab_head = PackedLinear(model.lm_head.weight, None)  # the logits bias is added by ``project``

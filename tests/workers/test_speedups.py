@@ -38,6 +38,7 @@ def test_exact_speedups_keep_outputs_and_int8_stays_close(demo_model_dir) -> Non
     assert EXACT.fused_qkv and EXACT.onednn and not EXACT.int8
     assert model.model.decoder.layers[0].self_attn.qkv_proj is not None
     assert isinstance(model.model.decoder.layers[0].fc1, PackedLinear) and model.vocab_head is not None
+    assert model.model.decoder.layers[0].fc1.post_op == "swish"  # the FFN activation folded into its GEMM
     assert texts_of(fast, texts, cfg) == exact
     # shortlist heads are packed per candidate set and give the plain model's shortlist output
     table = LexicalTable({s: [(t, 1.0) for t in range(s % 50, 8000, 37)] for x in fast.encode(texts) for s in x},
