@@ -6,7 +6,8 @@
 Same model, input, beam, length penalty and thread count for every system, in one process,
 interleaved; model loading and a warm-up batch are excluded. Reports target tokens/s (median and
 spread), ours/CT2 and ours/HF ratios, sacreBLEU, peak-RSS growth, FLOPs per target token, achieved
-GFLOP/s and its share of a GEMM probe's peak. Writes ``<out>.md`` and ``<out>.json``.
+GFLOP/s and its share of a GEMM probe's peak, and (``--profile``) where ours' time goes by phase
+(``pipeline/step_profile.py``). Writes ``<out>.md`` and ``<out>.json``.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from pipeline.bench_peers import (
 )
 from pipeline.reports import SETS, markdown_table, read_lines, write_report
 from pipeline.shortlists import load_shortlist
+from pipeline.step_profile import step_breakdown
 from workers.config import FAST_PRUNING, SearchConfig
 from workers.flops import flops_per_target_token
 from workers.speedups import EXACT, CpuSpeedups
@@ -99,6 +101,8 @@ def main(argv: list[str] | None = None) -> None:
                    "ct2-int8,hf", help="ours-plain, ours+qkv, ours-exact, ours+int8: the cumulative CPU speed-ups "
                    "(workers/speedups.py); ours-exact-k: ours-exact stopping at K finished hypotheses, CTranslate2's "
                    "rule (HF early_stopping=True); ours-best: int8 + rp 0.6 pruning + --shortlist")
+    p.add_argument("--profile", default="ours-exact,ours-best",
+                   help="systems (ours-*) whose run is profiled by phase after the timing (empty: none)")
     p.add_argument("--out", default="reports/peers")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     best_translator = loaded(args, INT8)  # its own stats: the fan-out of ours-best
     shortlist = None
     if args.shortlist:
-        shortlist = load_shortlist(args.shortlist, translator.checkpoint.tokenizer, top_m=50, top_n=100,
+        shortlist = load_shortlist(args.shortlist, translator.checkpoint.tokenizer, top_m=10, top_n=100,
                                    special_ids=translator.special_target_ids())
     peak = gemm_peak_gflops(args.threads)
     report = {"model": args.model, "threads": args.threads, "repeats": args.repeats, "gemm_peak_gflops": round(peak, 1),
@@ -146,6 +150,11 @@ def main(argv: list[str] | None = None) -> None:
             md += [f"## {name}, beam {beam}\n", markdown_table(table), "",
                    "Ratios: " + ", ".join(f"{k} = {v}" for k, v in ratios.items()), "",
                    "Identical outputs (lines): " + ", ".join(f"{k} {v}/{len(lines)}" for k, v in same.items()), ""]
+            for system in [s for s in systems if s.name in args.profile.split(",")]:
+                phases = step_breakdown(system.translate, lines)
+                report["tables"][f"{name}/beam{beam}/profile/{system.name}"] = phases
+                md += [f"### Where the time goes: {system.name}, {name}, beam {beam} (shares of one profiled run)\n",
+                       markdown_table(phases), ""]
             steps = speedup_rows(table)
             if len(steps) > 1:
                 report["tables"][f"{name}/beam{beam}/speedups"] = steps

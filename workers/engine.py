@@ -6,7 +6,6 @@ math lives in ``workers.search``; this module only moves tensors between it and 
 """
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -18,12 +17,12 @@ from workers.config import PruningConfig, SearchConfig
 from workers.model import MarianModel
 from workers.pruning import RunningCandidates, keep_mask
 from workers.search import (
+    NEG_INF,
     Candidates,
     FinishedPool,
     Hypothesis,
     RowTop,
     StepSelection,
-    is_done,
     length_normalize,
     row_top_log_probs,
     select_step,
@@ -137,23 +136,58 @@ class _Beams:
     """Beam-search state of the sentences still decoding. Slots are (sentence, beam) pairs laid out
     row-major as ``j * K + beam``; only live slots (finite running score) own a cache row, in slot order.
 
-    running (B', K) cumulative log-probs (-inf = no candidate); history (B' * K, step) tokens per slot.
+    running (B', K) cumulative log-probs (-inf = no candidate); history (B' * K, step) tokens per slot;
+    index (B',) the sentences' batch positions (``active`` as a tensor).
     """
 
     active: list[int]
     running: Tensor
     history: Tensor
+    index: Tensor
 
     def live_slots(self) -> Tensor:
         return torch.isfinite(self.running).view(-1).nonzero().flatten()  # (N,)
 
 
-def _finish(beams: _Beams, cands, sel, pools: list[FinishedPool], step: int, k: int, cfg: SearchConfig) -> None:
+@dataclass
+class _PoolSummary:
+    """Per sentence of the batch (B,), what the stop test and pruning read from its finished pool:
+    best raw log-prob, worst kept normalised score (float64, as the pool holds them), pool full."""
+
+    best: Tensor
+    worst: Tensor
+    full: Tensor
+
+    @classmethod
+    def empty(cls, b: int) -> "_PoolSummary":
+        return cls(torch.full((b,), NEG_INF), torch.full((b,), NEG_INF, dtype=torch.float64),
+                   torch.zeros(b, dtype=torch.bool))
+
+    def refresh(self, sentence: int, pool: FinishedPool) -> None:
+        self.best[sentence], self.worst[sentence], self.full[sentence] = pool.best_log_prob, pool.worst_score, pool.full
+
+
+def _finish(beams: _Beams, cands, sel, pools: list[FinishedPool], summary: _PoolSummary, step: int, k: int,
+            cfg: SearchConfig) -> None:
+    touched = set()
     for j, c in sel.finished.nonzero().tolist():
         total = float(cands.scores[j, c])
         slot = j * k + int(cands.beams[j, c])
         tokens = tuple(beams.history[slot, :step].tolist()) + (int(cands.tokens[j, c]),)
         pools[beams.active[j]].add(Hypothesis(tokens, length_normalize(total, step + 1, cfg.length_penalty), total))
+        touched.add(beams.active[j])
+    for s in touched:
+        summary.refresh(s, pools[s])
+
+
+def stop_mask(best: Tensor, at_max: Tensor, full: Tensor, worst: Tensor, norm: Tensor | float,
+              early_stopping: bool) -> Tensor:
+    """``is_done`` for every sentence at once (B',), shared by the batch and streaming loops: at its
+    cap, out of running beams, or (HF's test) a full pool whose worst entry (float64) the best
+    running beam, normalised now (divided by ``norm`` = generated ** length_penalty), cannot beat.
+    best (B',) each sentence's best running score; at_max, full (B',) bool; worst (B',) float64."""
+    beaten = best.double() / norm <= worst
+    return at_max | ~torch.isfinite(best) | (full & (beaten | early_stopping))
 
 
 def prune_running(cands, sel, best_finished: Tensor, pruning: PruningConfig, stats: DecodeStats) -> Tensor:
@@ -191,26 +225,27 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
     pools = [FinishedPool(k) for _ in range(b)]
     running = torch.full((b, k), float("-inf"))
     running[:, 0] = 0.0
-    beams = _Beams(list(range(b)), running, torch.empty((b * k, 0), dtype=torch.long))
+    beams = _Beams(list(range(b)), running, torch.empty((b * k, 0), dtype=torch.long), torch.arange(b))
+    summary, caps = _PoolSummary.empty(b), torch.tensor(max_lens)  # (B,), (B,)
     last = torch.full((b,), mc.decoder_start_token_id, dtype=torch.long)  # (N,) one per live slot
     with record_function("search loop"):  # the step profile's "search": this minus the model's scopes
         for step in range(t_max):
             n, live = len(beams.active), beams.live_slots()
-            at_max = torch.tensor([step + 1 >= max_lens[s] for s in beams.active])  # (B',)
+            at_max = caps[beams.index] <= step + 1  # (B',)
             positions = torch.full((live.numel(),), step, dtype=torch.long)
             logits = model.decode_step(last, positions, cache, head)  # (N, V|C)
             cands, sel = score_step(logits, live, beams.running, at_max, mc, forced_eos=forced_eos, candidates=candidates)
             stats.record_step(live.numel(), n)
-            _finish(beams, cands, sel, pools, step, k, cfg)
-            best_finished = torch.tensor([pools[s].best_log_prob for s in beams.active])
-            running = prune_running(cands, sel, best_finished, pruning, stats)
+            if bool(sel.finished.any()):
+                _finish(beams, cands, sel, pools, summary, step, k, cfg)
+            running = prune_running(cands, sel, summary.best[beams.index], pruning, stats)
             running, order = running.sort(dim=1, descending=True, stable=True)  # pruned slots last
-            best, capped = running[:, 0].tolist(), at_max.tolist()
-            keep = [j for j, s in enumerate(beams.active) if not capped[j] and math.isfinite(best[j])
-                    and not is_done(pools[s], best[j], step + 1, cfg.length_penalty, cfg.early_stopping)]
-            if not keep:
+            done = stop_mask(running[:, 0], at_max, summary.full[beams.index], summary.worst[beams.index],
+                             float(step + 1) ** cfg.length_penalty, cfg.early_stopping)
+            keep_t = (~done).nonzero().flatten()
+            if keep_t.numel() == 0:
                 break
-            keep_t = torch.tensor(keep)
+            keep = keep_t.tolist()
             running = running[keep_t]  # (B'', K)
             chosen = sel.running.gather(1, order)[keep_t]  # (B'', K) candidate index of each new slot
             source_slot = keep_t[:, None] * k + cands.beams[keep_t].gather(1, chosen)  # (B'', K)
@@ -223,7 +258,7 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
             with record_function("cache reorder"):
                 cache = cache.select(rows, step + 1, cross=not same_layout, zero_tail=False)  # one shared position
             history = torch.cat([beams.history[source_slot.view(-1)], new_tokens.view(-1, 1)], dim=1)  # (B''*K, step+1)
-            beams = _Beams([beams.active[j] for j in keep], running, history)
+            beams = _Beams([beams.active[j] for j in keep], running, history, beams.index[keep_t])
             last = new_tokens.view(-1)[new_live]
     stats.target_tokens += sum(len(p.hyps[0].tokens) for p in pools if p.hyps)
     return [p.hyps[: cfg.num_hypotheses] for p in pools]

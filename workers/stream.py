@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
 from workers.config import SearchConfig
-from workers.engine import DecodeStats, max_lengths, pad_sources, prune_running, score_step
+from workers.engine import DecodeStats, max_lengths, pad_sources, prune_running, score_step, stop_mask
 from workers.model import MarianModel
 from workers.scheduler import Request, Scheduler, SchedulerConfig, StepOutput
 from workers.search import Candidates, FinishedPool, Hypothesis, StepSelection, length_normalize
@@ -82,16 +83,17 @@ class StreamDecoder:
         for i, src in enumerate(sources):
             self.scheduler.add(Request(i, len(src)))
         results: list[list[Hypothesis]] = [[] for _ in sources]
-        while self.scheduler.has_work:
-            plan = self.scheduler.schedule()
-            if plan.admit:
-                self._admit([sources[i] for i in plan.admit], plan.admit)
-            finished, widths = self._step([self.slot_of[i] for i in plan.expand], plan.expand)
-            self.scheduler.update(plan, StepOutput(tuple(finished), widths))
-            for i in finished:
-                block = self.slot_of.pop(i)
-                self.free.append(block)
-                results[i] = self.pools[block].hyps[: self.search.num_hypotheses]
+        with record_function("search loop"):  # the step profile's "search": this minus the model's scopes
+            while self.scheduler.has_work:
+                plan = self.scheduler.schedule()
+                if plan.admit:
+                    self._admit([sources[i] for i in plan.admit], plan.admit)
+                finished, widths = self._step([self.slot_of[i] for i in plan.expand], plan.expand)
+                self.scheduler.update(plan, StepOutput(tuple(finished), widths))
+                for i in finished:
+                    block = self.slot_of.pop(i)
+                    self.free.append(block)
+                    results[i] = self.pools[block].hyps[: self.search.num_hypotheses]
         self.stats.target_tokens += sum(len(r[0].tokens) for r in results if r)
         return results
 
@@ -100,7 +102,8 @@ class StreamDecoder:
         k, mc, st = self.search.beam_size, self.model.config, self.state
         src_ids, src_mask = pad_sources(sources, mc.pad_token_id)
         blocks = [self.free.pop(0) for _ in sources]
-        self.cache.admit(self.model.model.decoder, self.model.encode(src_ids, src_mask), src_mask, blocks)
+        with record_function("encoder"):  # encoder + cross-attention K/V of the admitted sentences
+            self.cache.admit(self.model.model.decoder, self.model.encode(src_ids, src_mask), src_mask, blocks)
         index = torch.tensor(blocks)  # (A,)
         st.running[index] = NEG_INF
         st.running[index, 0] = 0.0
@@ -123,9 +126,11 @@ class StreamDecoder:
         length = st.length[index]  # (B',)
         at_max = length + 1 >= st.max_len[index]  # (B',)
         width = int(live.sum(1).max())
-        hidden = slot_step(self.model.model.decoder, self.cache, st.last[rows], length[sentence], rows, blocks,
-                           sentence * width + beam, width)  # (N, E)
-        logits = self.model.project(hidden, self._head)  # (N, V|C)
+        with record_function("decoder layers"):
+            hidden = slot_step(self.model.model.decoder, self.cache, st.last[rows], length[sentence], rows, blocks,
+                               sentence * width + beam, width)  # (N, E)
+        with record_function("output layer"):
+            logits = self.model.project(hidden, self._head)  # (N, V|C)
         cands, sel = score_step(logits, slots, running, at_max, mc, forced_eos=self.forced_eos,
                                 candidates=self.candidates)
         self.stats.record_step(rows.numel(), n)
@@ -135,8 +140,7 @@ class StreamDecoder:
         running, order = running.sort(dim=1, descending=True, stable=True)  # live beams first
         chosen = sel.running.gather(1, order)  # (B', K) candidate index of each new slot
         best, generated = running[:, 0], length + 1
-        done = at_max | (best == NEG_INF) | (st.full[index] & (
-            torch.tensor(self.search.early_stopping) | (best.double() / self._norm[generated] <= st.worst[index])))
+        done = stop_mask(best, at_max, st.full[index], st.worst[index], self._norm[generated], self.search.early_stopping)
         keep = (~done).nonzero().flatten()  # (B'',)
         finished = [ids[j] for j in done.nonzero().flatten().tolist()]
         if keep.numel() == 0:

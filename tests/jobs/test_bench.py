@@ -29,6 +29,8 @@ def test_peer_benchmark_smoke(demo_model_dir, tmp_path):
     steps = report["tables"]["multi30k/beam1/speedups"]
     assert [s["step"][:2] for s in steps] == ["ba", "+ ", "+ ", "+ "] and steps[0]["speedup"] == 1.0
     assert set(table["ratios"]) >= {"ours-exact / ct2-float32", "ours-exact / hf", "ours-best / ct2-int8"}
+    phases = report["tables"]["multi30k/beam2/profile/ours-exact"]
+    assert {p["phase"] for p in phases} >= {"decoder layers", "output layer"} and sum(p["share"] for p in phases) > 0.9
     beam2 = report["tables"]["multi30k/beam2"]["identical_outputs"]  # same search rules, same outputs
     assert beam2["ours-exact = hf"] == beam2["ours-exact-k = ct2-float32"] == beam2["ours-plain = ours-exact"] == 40
     assert all(r["tokens_per_s"] > 0 and 0 < r["share_of_gemm_peak"] for r in table["rows"])

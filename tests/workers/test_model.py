@@ -182,3 +182,24 @@ def test_init_cache_shapes(model):
     assert cache.self_k.shape == (5, 2, 2, 4, 8)  # (T, L, N, H, D): time-major
     assert cache.cross_k.shape == (2, 2, 4, 4, 8)  # (L, N, H, S, D)
     assert cache.num_rows == 2 and cache.max_length == 5
+
+
+@torch.no_grad()
+def test_cache_grows_past_its_initial_capacity(model, rows):
+    """A cache made for 1 position grows as steps need it (shared and per-row positions) and
+    decodes exactly as one made large enough up front."""
+    sources, targets = rows
+    src, src_mask = batch(sources)
+    memory = model.encode(src, src_mask)
+    small, large = model.init_cache(memory, src_mask, 1), model.init_cache(memory, src_mask, 8)
+    for step in range(5):
+        tokens = torch.tensor([t[min(step, len(t) - 1)] for t in targets])
+        a = model.decode_step(tokens, torch.full((4,), step), small)
+        b = model.decode_step(tokens, torch.full((4,), step), large)
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+    assert small.max_length >= 5 and large.max_length == 8
+    pos = torch.tensor([5, 2, 6, 3])  # rows at different positions past the grown capacity
+    tokens = torch.tensor([t[0] for t in targets])
+    small.reserve(int(pos.max()) + 1)
+    torch.testing.assert_close(model.decode_step(tokens, pos, small), model.decode_step(tokens, pos, large),
+                               atol=ATOL, rtol=0)
