@@ -97,7 +97,7 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
     max_lens = max_lengths(src_mask.sum(1).tolist(), cfg, mc.max_position_embeddings)
     cache = model.init_cache(model.encode(src_ids, src_mask), src_mask, min(max(max_lens), INITIAL_CAPACITY))
     head = model.output_head(candidates) if candidates is not None else None
-    active = list(range(b))
+    active, index, caps = list(range(b)), torch.arange(b), torch.tensor(max_lens)  # index: active as a tensor
     last = torch.full((b,), mc.decoder_start_token_id, dtype=torch.long)
     history = torch.full((b, max(max_lens)), mc.pad_token_id, dtype=torch.long)  # (N, T)
     sums = torch.zeros(b, dtype=torch.float64)
@@ -105,7 +105,7 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
     with record_function("search loop"):  # the step profile's "search": this minus the model's scopes
         for step in range(max(max_lens)):
             n = len(active)
-            at_max = torch.tensor([step + 1 >= max_lens[s] for s in active])
+            at_max = caps[index] <= step + 1  # (N,)
             logits = model.decode_step(last, torch.full((n,), step, dtype=torch.long), cache, head)  # (N, V|C)
             top = row_top_log_probs(logits, 1, mc.pad_token_id, at_max if forced_eos else None, mc.eos_token_id,
                                     candidates)
@@ -124,7 +124,7 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
             if keep.numel() < n:
                 with record_function("cache reorder"):
                     cache = cache.select(keep, step + 1, zero_tail=False)  # rows share one position
-                active = [active[j] for j in keep.tolist()]
+                active, index = [active[j] for j in keep.tolist()], index[keep]
                 history, sums = history[keep], sums[keep]
             last = tokens[keep]
     stats.target_tokens += sum(len(r[0].tokens) for r in results)
@@ -150,24 +150,32 @@ class _Beams:
 
 
 @dataclass
-class _PoolSummary:
-    """Per sentence of the batch (B,), what the stop test and pruning read from its finished pool:
-    best raw log-prob, worst kept normalised score (float64, as the pool holds them), pool full."""
+class PoolSummary:
+    """Per sentence (or streaming slot) (B,), what the stop test and pruning read from its finished
+    pool: best raw log-prob, worst kept normalised score (float64, as the pool holds them; -inf
+    until full), pool full. Shared by the batch and streaming decoders."""
 
     best: Tensor
     worst: Tensor
     full: Tensor
 
     @classmethod
-    def empty(cls, b: int) -> "_PoolSummary":
+    def empty(cls, b: int) -> "PoolSummary":
         return cls(torch.full((b,), NEG_INF), torch.full((b,), NEG_INF, dtype=torch.float64),
                    torch.zeros(b, dtype=torch.bool))
 
-    def refresh(self, sentence: int, pool: FinishedPool) -> None:
-        self.best[sentence], self.worst[sentence], self.full[sentence] = pool.best_log_prob, pool.worst_score, pool.full
+    def reset(self, index: Tensor) -> None:
+        self.best[index], self.worst[index], self.full[index] = NEG_INF, NEG_INF, False
+
+    def refresh(self, at: list[int], pools: list[FinishedPool]) -> None:
+        """Entries ``at`` from their pools (after hypotheses were added to them)."""
+        index = torch.tensor(at, dtype=torch.long)
+        self.best[index] = torch.tensor([p.best_log_prob for p in pools])
+        self.worst[index] = torch.tensor([p.worst_score for p in pools], dtype=torch.float64)
+        self.full[index] = torch.tensor([p.full for p in pools])
 
 
-def _finish(beams: _Beams, cands, sel, pools: list[FinishedPool], summary: _PoolSummary, step: int, k: int,
+def _finish(beams: _Beams, cands, sel, pools: list[FinishedPool], summary: PoolSummary, step: int, k: int,
             cfg: SearchConfig) -> None:
     touched = set()
     for j, c in sel.finished.nonzero().tolist():
@@ -176,8 +184,8 @@ def _finish(beams: _Beams, cands, sel, pools: list[FinishedPool], summary: _Pool
         tokens = tuple(beams.history[slot, :step].tolist()) + (int(cands.tokens[j, c]),)
         pools[beams.active[j]].add(Hypothesis(tokens, length_normalize(total, step + 1, cfg.length_penalty), total))
         touched.add(beams.active[j])
-    for s in touched:
-        summary.refresh(s, pools[s])
+    at = sorted(touched)
+    summary.refresh(at, [pools[s] for s in at])
 
 
 def stop_mask(best: Tensor, at_max: Tensor, full: Tensor, worst: Tensor, norm: Tensor | float,
@@ -226,7 +234,7 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
     running = torch.full((b, k), float("-inf"))
     running[:, 0] = 0.0
     beams = _Beams(list(range(b)), running, torch.empty((b * k, 0), dtype=torch.long), torch.arange(b))
-    summary, caps = _PoolSummary.empty(b), torch.tensor(max_lens)  # (B,), (B,)
+    summary, caps = PoolSummary.empty(b), torch.tensor(max_lens)  # (B,), (B,)
     last = torch.full((b,), mc.decoder_start_token_id, dtype=torch.long)  # (N,) one per live slot
     with record_function("search loop"):  # the step profile's "search": this minus the model's scopes
         for step in range(t_max):

@@ -20,7 +20,15 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from workers.config import SearchConfig
-from workers.engine import DecodeStats, max_lengths, pad_sources, prune_running, score_step, stop_mask
+from workers.engine import (
+    DecodeStats,
+    PoolSummary,
+    max_lengths,
+    pad_sources,
+    prune_running,
+    score_step,
+    stop_mask,
+)
 from workers.model import MarianModel
 from workers.scheduler import Request, Scheduler, SchedulerConfig, StepOutput
 from workers.search import Candidates, FinishedPool, Hypothesis, StepSelection, length_normalize
@@ -34,24 +42,21 @@ class _SlotState:
     """Search state per slot (sentence) and per row (slot * K + beam).
 
     running (slots, K) cumulative log-probs, live beams first (-inf = none); length (slots,) tokens
-    generated; max_len (slots,); best_finished (slots,) raw log-prob of the best finished hypothesis;
-    worst (slots,) float64 normalised score of the worst finished one once the pool is full (else
-    -inf); full (slots,) bool; history (R, T) tokens per row; last (R,) the row's next input token.
+    generated; max_len (slots,); pools (slots,) the finished pools' summaries; history (R, T)
+    tokens per row; last (R,) the row's next input token.
     """
 
     running: Tensor
     length: Tensor
     max_len: Tensor
-    best_finished: Tensor
-    worst: Tensor
-    full: Tensor
+    pools: PoolSummary
     history: Tensor
     last: Tensor
 
     @classmethod
     def empty(cls, slots: int, k: int, t_cap: int, pad: int) -> "_SlotState":
-        neg, zero = torch.full((slots,), NEG_INF), torch.zeros(slots, dtype=torch.long)
-        return cls(torch.full((slots, k), NEG_INF), zero, zero.clone(), neg, neg.double(), zero.bool(),
+        zero = torch.zeros(slots, dtype=torch.long)
+        return cls(torch.full((slots, k), NEG_INF), zero, zero.clone(), PoolSummary.empty(slots),
                    torch.full((slots * k, t_cap), pad, dtype=torch.long),
                    torch.full((slots * k,), pad, dtype=torch.long))
 
@@ -109,7 +114,7 @@ class StreamDecoder:
         st.running[index, 0] = 0.0
         st.length[index] = 0
         st.max_len[index] = torch.tensor([self.max_lens[i] for i in ids])
-        st.best_finished[index], st.worst[index], st.full[index] = NEG_INF, NEG_INF, False
+        st.pools.reset(index)
         st.last[index * k] = mc.decoder_start_token_id
         for i, b in zip(ids, blocks):
             self.slot_of[i], self.pools[b] = b, FinishedPool(k)
@@ -136,11 +141,12 @@ class StreamDecoder:
         self.stats.record_step(rows.numel(), n)
         if bool(sel.finished.any()):
             self._finish(cands, sel, blocks, index, length)
-        running = prune_running(cands, sel, st.best_finished[index], self.search.pruning, self.stats)
+        running = prune_running(cands, sel, st.pools.best[index], self.search.pruning, self.stats)
         running, order = running.sort(dim=1, descending=True, stable=True)  # live beams first
         chosen = sel.running.gather(1, order)  # (B', K) candidate index of each new slot
         best, generated = running[:, 0], length + 1
-        done = stop_mask(best, at_max, st.full[index], st.worst[index], self._norm[generated], self.search.early_stopping)
+        done = stop_mask(best, at_max, st.pools.full[index], st.pools.worst[index], self._norm[generated],
+                         self.search.early_stopping)
         keep = (~done).nonzero().flatten()  # (B'',)
         finished = [ids[j] for j in done.nonzero().flatten().tolist()]
         if keep.numel() == 0:
@@ -165,11 +171,7 @@ class StreamDecoder:
             pool.add(Hypothesis(tuple(hist[:n]) + (token,), length_normalize(total, n + 1, lp), total))
             touched.append(blocks[jj])
         touched = sorted(set(touched))
-        pools = [self.pools[b] for b in touched]
-        at = torch.tensor(touched)
-        st.best_finished[at] = torch.tensor([p.best_log_prob for p in pools])
-        st.worst[at] = torch.tensor([p.worst_score for p in pools], dtype=torch.float64)
-        st.full[at] = torch.tensor([p.full for p in pools])
+        st.pools.refresh(touched, [self.pools[b] for b in touched])
 
     def _advance(self, index: Tensor, running: Tensor, source_beam: Tensor, new_tokens: Tensor, length: Tensor) -> None:
         """Continuing sentences: slots ``index`` (B''), new running (B'', K) sorted, source beam and

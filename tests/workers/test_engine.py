@@ -378,27 +378,3 @@ def test_greedy_follows_argmax(cap: int, forced_eos: bool, seed: int) -> None:
     assert result[0].tokens == tokens
     assert result[0].log_prob == pytest.approx(log_prob, abs=1e-5)
     assert result[0].score == pytest.approx(log_prob / len(tokens), abs=1e-5)
-
-
-@pytest.mark.parametrize("early_stopping", [False, True])
-@pytest.mark.parametrize("length_penalty", [1.0, 0.6, 2.0])
-def test_vectorised_stop_test_equals_is_done(early_stopping: bool, length_penalty: float) -> None:
-    """``stop_mask`` (one tensor test per step) decides exactly as the scalar ``is_done`` per sentence."""
-    from workers.engine import stop_mask
-    from workers.search import FinishedPool, is_done
-    rng = random.Random(7)
-    pools, best, generated = [], [], 6
-    for _ in range(200):
-        pool = FinishedPool(3)
-        for _ in range(rng.randrange(5)):
-            total = -rng.uniform(0, 12)
-            pool.add(Hypothesis((1,), total / rng.randrange(1, 9) ** length_penalty, total))
-        pools.append(pool)
-        best.append(rng.choice([float("-inf"), -rng.uniform(0, 12)]))
-    at_max = torch.tensor([rng.random() < 0.1 for _ in pools])
-    got = stop_mask(torch.tensor(best), at_max, torch.tensor([p.full for p in pools]),
-                    torch.tensor([p.worst_score for p in pools], dtype=torch.float64),
-                    float(generated) ** length_penalty, early_stopping)
-    expected = [bool(m) or not math.isfinite(b) or is_done(p, b, generated, length_penalty, early_stopping)
-                for p, b, m in zip(pools, best, at_max.tolist())]
-    assert got.tolist() == expected

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 
 import pytest
 import torch
 
+from workers.engine import stop_mask
 from workers.search import (
     Candidates,
     FinishedPool,
@@ -277,3 +279,25 @@ def test_row_top_bans_pad_even_when_it_is_the_best_logit(row_top) -> None:
     assert top.tokens.tolist() == [[3, 1]]
     lse = torch.logsumexp(logits, dim=-1)  # the normaliser still includes pad
     assert torch.allclose(top.log_probs, torch.tensor([[2.0, 1.0]]) - lse)
+
+
+@pytest.mark.parametrize("early_stopping", [False, True])
+@pytest.mark.parametrize("length_penalty", [1.0, 0.6, 2.0])
+def test_vectorised_stop_test_equals_is_done(early_stopping: bool, length_penalty: float) -> None:
+    """``stop_mask`` (one tensor test per step) decides exactly as the scalar ``is_done`` per sentence."""
+    rng = random.Random(7)
+    pools, best, generated = [], [], 6
+    for _ in range(200):
+        pool = FinishedPool(3)
+        for _ in range(rng.randrange(5)):
+            total = -rng.uniform(0, 12)
+            pool.add(Hypothesis((1,), total / rng.randrange(1, 9) ** length_penalty, total))
+        pools.append(pool)
+        best.append(rng.choice([float("-inf"), -rng.uniform(0, 12)]))
+    at_max = torch.tensor([rng.random() < 0.1 for _ in pools])
+    got = stop_mask(torch.tensor(best), at_max, torch.tensor([p.full for p in pools]),
+                    torch.tensor([p.worst_score for p in pools], dtype=torch.float64),
+                    float(generated) ** length_penalty, early_stopping)
+    expected = [bool(m) or not math.isfinite(b) or is_done(p, b, generated, length_penalty, early_stopping)
+                for p, b, m in zip(pools, best, at_max.tolist())]
+    assert got.tolist() == expected
