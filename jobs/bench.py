@@ -37,7 +37,7 @@ from workers.speedups import EXACT, CpuSpeedups
 from workers.translator import Translator
 
 BEST_PRUNING = FAST_PRUNING  # the search issue's pick (reports/search.md: rp 0.6, within 0.3 BLEU of exact)
-INT8 = CpuSpeedups(fused_qkv=True, onednn=True, int8=True)
+INT8 = replace(EXACT, int8=True)
 
 
 

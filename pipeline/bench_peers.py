@@ -8,6 +8,7 @@ is counted alike) per second, median and spread. Ratios within one run are the r
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import statistics
 import subprocess
@@ -42,20 +43,22 @@ def ours(translator: Translator, cfg: SearchConfig, shortlist: Shortlist | None 
 
 
 def ctranslate2_system(model_dir: str, compute_type: str, threads: int, cfg: SearchConfig,
-                       translator: Translator, work_dir: str) -> Translate:
-    """Convert with ct2-transformers-converter, then translate source pieces + ``</s>`` as CT2's docs do."""
+                       translator: Translator, work_dir: str, max_batch_size: int = 32) -> Translate:
+    """Convert with ct2-transformers-converter, then translate source pieces + ``</s>`` as CT2's docs do
+    (``max_batch_size`` examples per batch: CTranslate2 sorts the input by length into batches)."""
     import ctranslate2
 
     out = f"{work_dir}/ct2-{compute_type}"
-    subprocess.run([sys.executable, "-m", "ctranslate2.converters.transformers", "--model", model_dir,
-                    "--output_dir", out, "--quantization", compute_type, "--force"], check=True, capture_output=True)
+    if not os.path.exists(f"{out}/model.bin"):
+        subprocess.run([sys.executable, "-m", "ctranslate2.converters.transformers", "--model", model_dir,
+                        "--output_dir", out, "--quantization", compute_type, "--force"], check=True, capture_output=True)
     ct2 = ctranslate2.Translator(out, device="cpu", compute_type=compute_type, intra_threads=threads, inter_threads=1)
     tok = translator.checkpoint.tokenizer
 
     def translate(lines: list[str]) -> list[str]:
         pieces = [tok.source_pieces(line) + ["</s>"] for line in lines]
         results = ct2.translate_batch(pieces, beam_size=cfg.beam_size, length_penalty=cfg.length_penalty,
-                                      max_batch_size=32, max_decoding_length=cfg.max_decoding_length)
+                                      max_batch_size=max_batch_size, max_decoding_length=cfg.max_decoding_length)
         return [tok.decode([tok.target_vocab.get(p, tok.target_special.unk) for p in r.hypotheses[0]])
                 for r in results]
     return translate

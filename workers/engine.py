@@ -123,7 +123,7 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
                 break
             if keep.numel() < n:
                 with record_function("cache reorder"):
-                    cache = cache.select(keep, step + 1, zero_tail=False)  # rows share one position
+                    cache = cache.select(keep, step + 1, zero_tail=False, reuse=True)  # rows share one position
                 active, index = [active[j] for j in keep.tolist()], index[keep]
                 history, sums = history[keep], sums[keep]
             last = tokens[keep]
@@ -262,9 +262,9 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
             row_of_slot = torch.full((n * k,), -1, dtype=torch.long)
             row_of_slot[live] = torch.arange(live.numel())
             rows = row_of_slot[source_slot.view(-1)[new_live]]  # (N',) old cache row of each new live slot
-            same_layout = len(keep) == n and torch.equal(new_live, torch.isfinite(beams.running).view(-1))
-            with record_function("cache reorder"):
-                cache = cache.select(rows, step + 1, cross=not same_layout, zero_tail=False)  # one shared position
+            with record_function("cache reorder"):  # self-attn K/V by row; cross-attn K/V by sentence, once
+                cache = cache.select(rows, step + 1, sentences=None if len(keep) == n else keep_t,
+                                     slots=new_live.nonzero().flatten(), width=k, zero_tail=False, reuse=True)
             history = torch.cat([beams.history[source_slot.view(-1)], new_tokens.view(-1, 1)], dim=1)  # (B''*K, step+1)
             beams = _Beams([beams.active[j] for j in keep], running, history, beams.index[keep_t])
             last = new_tokens.view(-1)[new_live]

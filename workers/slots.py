@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from workers.model import Decoder, cached_attention
+from workers.decoder_cache import cached_attention
+from workers.model import Decoder
 
 
 @dataclass

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from workers.config import ModelConfig, SearchConfig
 from workers.engine import DecodeStats, beam_search, greedy_search
-from workers.model import DecoderCache
+from workers.decoder_cache import DecoderCache
 from workers.search import Hypothesis
 
 E, A, B, C, D, PAD = range(6)
@@ -72,8 +72,9 @@ class ScriptedModel:
         cache.self_k[step, 0, :, 0, 0] = tokens.float()
         self.rows_per_step.append(n)
         logits = torch.empty(n, self.vocab_size)
+        sentences = cache.row_sentences()
         for row in range(n):
-            sentence = int(cache.cross_k[0, row, 0, 0, 0])
+            sentence = int(cache.cross_k[0, sentences[row], 0, 0, 0])
             prefix = tuple(int(t) for t in cache.self_k[1: step + 1, 0, row, 0, 0].tolist())
             logits[row] = torch.tensor(self.probs(sentence, prefix), dtype=torch.float64).log()
         return logits if candidates is None else logits[:, candidates]  # a shortlist: candidate columns only

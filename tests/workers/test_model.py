@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from workers.config import ModelConfig
-from workers.model import DecoderCache, MarianModel
+from workers.decoder_cache import DecoderCache
+from workers.model import MarianModel
 
 V, PAD, EOS = 40, 39, 0
 ATOL = 1e-5
@@ -125,26 +126,37 @@ def test_cache_select_reorders_duplicates_and_drops_rows(model, rows):
 
 
 @torch.no_grad()
-def test_cache_select_without_cross_for_beams_of_one_sentence(model, rows):
-    """``cross=False`` (rows permuted among beams of the same sentences) equals a full select."""
+@pytest.mark.parametrize("reuse", [False, True])
+def test_sentence_grid_equals_one_cross_copy_per_row(model, rows, reuse):
+    """Cross-attention K/V once per sentence, rows in a (B' x K) grid, through beam permutations, an
+    empty grid entry and a dropped sentence, gives the logits of one K/V copy per row (to float
+    rounding); ``reuse=True`` (spare buffers, ping-pong) changes nothing."""
     sources, _ = rows
     k = 3
-    src, src_mask = batch(sources[:2])
-    memory = model.encode(src, src_mask).repeat_interleave(k, 0)
-    mask = src_mask.repeat_interleave(k, 0)
+    src, src_mask = batch(sources[:3])
+    memory = model.encode(src, src_mask)  # (3, S, E)
+    per_row = model.init_cache(memory.repeat_interleave(k, 0), src_mask.repeat_interleave(k, 0), 1)
+    grid = model.init_cache(memory, src_mask, 1).select(torch.arange(3).repeat_interleave(k), 0,
+                                                        slots=torch.arange(3 * k), width=k, reuse=reuse)
+    assert grid.cross_k.shape[1] == 3 and per_row.cross_k.shape[1] == 3 * k
     gen = torch.Generator().manual_seed(3)
-    tokens = torch.randint(1, PAD, (2 * k, 2), generator=gen)
-    caches = []
-    for cross in (True, False):
-        cache = model.init_cache(memory, mask, 6)
-        for step in range(2):
-            model.decode_step(tokens[:, step], torch.full((2 * k,), step), cache)
-        perm = torch.tensor([2, 2, 0, 4, 3, 3])  # stays within each sentence's beams
-        caches.append(cache.select(perm, 2, cross=cross))
-    nxt = torch.randint(1, PAD, (2 * k,), generator=gen)
-    a = model.decode_step(nxt, torch.full((2 * k,), 2), caches[0])
-    b = model.decode_step(nxt, torch.full((2 * k,), 2), caches[1])
-    torch.testing.assert_close(a, b, atol=0, rtol=0)
+    # (rows kept, their grid entries, sentences kept): permute within sentences; empty entry 4; drop sentence 1
+    plans = [([2, 2, 0, 4, 3, 3, 8, 6, 7], list(range(9)), None),
+             ([1, 0, 0, 3, 5, 8, 6, 6], [0, 1, 2, 3, 5, 6, 7, 8], None),
+             ([0, 1, 2, 5, 6, 7], [0, 1, 2, 3, 4, 5], torch.tensor([0, 2]))]
+    for step, (keep, slots, sentences) in enumerate(plans):
+        n = per_row.num_rows
+        tokens = torch.randint(1, PAD, (n,), generator=gen)
+        a = model.decode_step(tokens, torch.full((n,), step), per_row)
+        b = model.decode_step(tokens, torch.full((n,), step), grid)
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+        keep = torch.tensor(keep)
+        per_row = per_row.select(keep, step + 1)
+        grid = grid.select(keep, step + 1, sentences=sentences, slots=torch.tensor(slots), width=k, reuse=reuse)
+    assert grid.cross_k.shape[1] == 2 and grid.num_rows == 6
+    tokens = torch.randint(1, PAD, (6,), generator=gen)
+    torch.testing.assert_close(model.decode_step(tokens, torch.full((6,), 3), per_row),
+                               model.decode_step(tokens, torch.full((6,), 3), grid), atol=ATOL, rtol=0)
 
 
 @torch.no_grad()

@@ -2,6 +2,10 @@
 order); int8 stays close (its BLEU change is benchmarked in jobs.bench)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import sacrebleu
 import torch
@@ -52,3 +56,31 @@ def test_exact_speedups_keep_outputs_and_int8_stays_close(demo_model_dir) -> Non
     int8 = Translator.load(str(demo_model_dir), speedups=CpuSpeedups(fused_qkv=True, onednn=True, int8=True))
     assert type(int8.checkpoint.model.model.decoder.layers[0].fc1).__name__ == "Linear"  # quantised, not float
     assert sacrebleu.corpus_bleu(texts_of(int8, texts, cfg), [exact]).score > 60  # quantisation noise only
+
+
+WARM_HEAP_PROBE = """
+import resource, sys, torch
+from workers.speedups import warm_heap
+def faults():  # a decoding-like churn of 1-5 MB tensors of changing sizes
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for i in range(20):
+        xs = [torch.empty((1 + (i * j) % 5) << 18).fill_(1.0) for j in range(1, 6)]
+        del xs
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+if sys.argv[1] == "warm":
+    assert warm_heap() and warm_heap()  # idempotent
+faults()  # the first round may fault in any case
+print(faults())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
+def test_warm_heap_stops_page_faults_on_repeated_large_tensors() -> None:
+    """A fresh process each (mallopt is a process setting): glibc's default maps large blocks fresh
+    and faults their pages in again and again; after ``warm_heap`` the second round reuses them."""
+    def faults(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", WARM_HEAP_PROBE, mode], capture_output=True, text=True,
+                             check=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+        return int(out.stdout.split()[-1])
+    default, warm = faults("default"), faults("warm")
+    assert warm < 200 and default > 10 * max(warm, 100), (default, warm)
