@@ -56,7 +56,8 @@ def add_flops(table: list[dict], translator: Translator, lines: list[str], beam:
 
 SPEEDUP_STEPS = (("ours-plain", "baseline: fp32 torch layers, cached cross-attn K/V, growing time-major self-attn cache"),
                  ("ours+qkv", "+ fused QKV projection"), ("ours-exact", "+ oneDNN-prepacked linear layers (the default)"),
-                 ("ours+int8", "+ int8 linear layers and output layer (per-channel weights)"))
+                 ("ours+int8", "+ int8 linear layers and output layer (per-channel weights)"),
+                 ("ours+bf16", "+ bfloat16 weights and activations (instead of int8)"))
 
 
 RATIOS = (("ours-exact", "ct2-float32"), ("ours-exact-k", "ct2-float32"), ("ours+int8", "ct2-int8"),
@@ -99,9 +100,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shortlist", help="table for ours-best (lex.s2t or .vmap); none: pruning only")
     p.add_argument("--shortlist-m", type=int, default=50, help="ours-best's translations per source token: with "
                    "rp 0.6 and int8 together, M=10 cost 0.41 BLEU on Multi30k beam 5, M=50 0.13")
-    p.add_argument("--systems", default="ours-plain,ours+qkv,ours-exact,ours-exact-k,ours+int8,ours-best,ct2-float32,"
+    p.add_argument("--systems", default="ours-plain,ours+qkv,ours-exact,ours-exact-k,ours+int8,ours+bf16,ours-best,ct2-float32,"
                    "ct2-int8,hf", help="ours-plain, ours+qkv, ours-exact, ours+int8: the cumulative CPU speed-ups "
-                   "(workers/speedups.py); ours-exact-k: ours-exact stopping at K finished hypotheses, CTranslate2's "
+                   "(workers/speedups.py); ours+bf16: bfloat16 instead of int8; ours-exact-k: ours-exact stopping at K finished hypotheses, CTranslate2's "
                    "rule (HF early_stopping=True); ours-best: int8 + rp 0.6 pruning + --shortlist")
     p.add_argument("--profile", default="ours-exact,ours-best",
                    help="systems (ours-*) whose run is profiled by phase after the timing (empty: none)")
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
                      "ours-plain": lambda: ours(loaded(args, CpuSpeedups()), cfg),
                      "ours+qkv": lambda: ours(loaded(args, CpuSpeedups(fused_qkv=True)), cfg),
                      "ours+int8": lambda: ours(loaded(args, INT8), cfg),
+                     "ours+bf16": lambda: ours(loaded(args, replace(EXACT, bf16=True)), cfg),
                      "ct2-float32": lambda: ctranslate2_system(args.model, "float32", args.threads, cfg, translator, tmp),
                      "ct2-int8": lambda: ctranslate2_system(args.model, "int8", args.threads, cfg, translator, tmp),
                      "hf": lambda: hf_system(args.model, cfg)}

@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shortlist-n", type=int, default=100, help="most frequent target tokens always kept")
     p.add_argument("--int8", action="store_true", help="int8 dynamic quantisation of the linear layers (CPU; "
                    "measured in reports/peers-*.md: faster, BLEU within quantisation noise)")
+    p.add_argument("--bf16", action="store_true", help="bfloat16 weights and activations (instead of --int8; "
+                   "fast where the CPU has AVX512-BF16/AMX, BLEU within noise)")
     p.add_argument("--no-speedups", action="store_true", help="plain torch layers: no fused QKV, no oneDNN packing")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per decoder (0: all cores "
                    "in-process, 2 per decoder actor on Ray)")
@@ -132,14 +134,14 @@ def load_shortlist_for(args: argparse.Namespace, translator: Translator):
 
 def speedups_of(args: argparse.Namespace) -> CpuSpeedups:
     if args.no_speedups:
-        return CpuSpeedups(int8=args.int8)
-    return replace(EXACT, int8=args.int8)
+        return CpuSpeedups(int8=args.int8, bf16=args.bf16)
+    return replace(EXACT, int8=args.int8, bf16=args.bf16)
 
 
 def signature(args: argparse.Namespace, cfg: SearchConfig) -> str:
     return f"model:{args.model}|{cfg.signature()}|batching:{args.batching}" + (
         f"|shortlist:{args.shortlist}:{args.shortlist_m}:{args.shortlist_n}" if args.shortlist else "") + (
-        "|int8" if args.int8 else "")
+        "|int8" if args.int8 else "") + ("|bf16" if args.bf16 else "")
 
 
 def run_in_process(args: argparse.Namespace, cfg: SearchConfig) -> None:

@@ -106,7 +106,7 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
         for step in range(max(max_lens)):
             n = len(active)
             at_max = caps[index] <= step + 1  # (N,)
-            logits = model.decode_step(last, torch.full((n,), step, dtype=torch.long), cache, head)  # (N, V|C)
+            logits = model.decode_step(last, step, cache, head)  # (N, V|C), every row at position ``step``
             top = row_top_log_probs(logits, 1, mc.pad_token_id, at_max if forced_eos else None, mc.eos_token_id,
                                     candidates)
             best_lp, tokens = top.log_probs[:, 0], top.tokens[:, 0]  # (N,)
@@ -240,8 +240,7 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
         for step in range(t_max):
             n, live = len(beams.active), beams.live_slots()
             at_max = caps[beams.index] <= step + 1  # (B',)
-            positions = torch.full((live.numel(),), step, dtype=torch.long)
-            logits = model.decode_step(last, positions, cache, head)  # (N, V|C)
+            logits = model.decode_step(last, step, cache, head)  # (N, V|C), every row at position ``step``
             cands, sel = score_step(logits, live, beams.running, at_max, mc, forced_eos=forced_eos, candidates=candidates)
             stats.record_step(live.numel(), n)
             if bool(sel.finished.any()):

@@ -195,16 +195,21 @@ class Decoder(nn.Module):
         self_k = memory.new_zeros(shape)
         return DecoderCache(self_k, torch.zeros_like(self_k), cross_k, cross_v, src_mask)
 
-    def step(self, tokens: Tensor, positions: Tensor, cache: DecoderCache) -> Tensor:
+    def step(self, tokens: Tensor, positions: Tensor | int, cache: DecoderCache) -> Tensor:
         """One incremental step. tokens (N,), positions (N,) -> hidden (N, E); writes K/V at ``positions``.
-        Row n of the batch is row n of the cache (N rows)."""
+        Row n of the batch is row n of the cache (N rows). ``positions`` an int: every row is at that
+        position (the batch decoders' case): no mask, one position-embedding row, slice writes."""
         n = tokens.shape[0]
-        x = self.embed_tokens(tokens) * self.embed_scale + self.embed_positions.weight[positions]  # (N, E)
-        t = int(positions.max()) + 1
+        if isinstance(positions, int) or bool((positions == positions[0]).all()):
+            t = (positions if isinstance(positions, int) else int(positions[0])) + 1
+            x = self.embed_tokens(tokens) * self.embed_scale + self.embed_positions.weight[t - 1]  # (N, E)
+            self_mask, shared = None, True
+        else:
+            t, shared = int(positions.max()) + 1, False
+            x = self.embed_tokens(tokens) * self.embed_scale + self.embed_positions.weight[positions]  # (N, E)
+            self_mask = (torch.arange(t, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]  # (N,1,1,T)
         cache.reserve(t)
-        shared = bool((positions == t - 1).all())  # every row at the same position: no mask, slice writes
-        self_mask = None if shared else (torch.arange(t, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]  # (N,1,1,T)
-        rows = torch.arange(n, device=tokens.device)
+        rows = None if shared else torch.arange(n, device=tokens.device)
         for i, layer in enumerate(self.layers):
             sa = layer.self_attn
             q, k, v = sa.step_qkv(x)  # (N, H, 1, D), (N, H, D), (N, H, D)
@@ -213,7 +218,8 @@ class Decoder(nn.Module):
             else:
                 cache.self_k[positions, i, rows], cache.self_v[positions, i, rows] = k, v
             keys, values = cache.self_k[:t, i].permute(1, 2, 0, 3), cache.self_v[:t, i].permute(1, 2, 0, 3)  # (N, H, T, D)
-            x = layer.self_attn_layer_norm(x + sa.merge(cached_attention(q, keys, values, self_mask))[:, 0])
+            h = cached_attention(q, keys, values, self_mask).view(n, -1)  # (N, H, 1, D) -> (N, E), heads merged
+            x = layer.self_attn_layer_norm(x + sa.out_proj(h))
             ca = layer.encoder_attn
             h = cross_attention(ca.q_proj(x), cache, i)  # (N, E): each sentence's beams in one GEMM
             x = layer.encoder_attn_layer_norm(x + ca.out_proj(h))
@@ -288,9 +294,9 @@ class MarianModel(nn.Module):
         with record_function("encoder"):  # cross-attention K/V: once per sentence, like the encoder
             return self.model.decoder.init_cache(memory, src_mask, max_length)
 
-    def decode_step(self, tokens: Tensor, positions: Tensor, cache: DecoderCache,
+    def decode_step(self, tokens: Tensor, positions: Tensor | int, cache: DecoderCache,
                     head: OutputHead | None = None) -> Tensor:
-        """tokens (N,), positions (N,) -> logits (N, V) (or (N, C) with a shortlist)."""
+        """tokens (N,), positions (N,) or one int for all rows -> logits (N, V) (or (N, C) with a shortlist)."""
         with record_function("decoder layers"):
             hidden = self.model.decoder.step(tokens, positions, cache)
         with record_function("output layer"):

@@ -61,11 +61,12 @@ class ScriptedModel:
     def output_head(self, candidates: Tensor) -> Tensor:
         return candidates  # the scripted "head" is just the candidate ids
 
-    def decode_step(self, tokens: Tensor, positions: Tensor, cache: DecoderCache,
+    def decode_step(self, tokens: Tensor, positions: int, cache: DecoderCache,
                     candidates: Tensor | None = None) -> Tensor:
-        """tokens (N,), positions (N,) -> logits (N, V) = log of the scripted distribution (or (N, C))."""
-        n, step = tokens.shape[0], int(positions[0])
-        assert cache.num_rows == n and bool((positions == step).all())
+        """tokens (N,), every row at position ``positions`` -> logits (N, V) = log of the scripted
+        distribution (or (N, C))."""
+        n, step = tokens.shape[0], positions
+        assert cache.num_rows == n and isinstance(step, int)  # the batch decoders step every row at one position
         if step == 0:
             assert bool((tokens == self.config.decoder_start_token_id).all())
         cache.reserve(step + 1)
