@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -89,7 +90,6 @@ def test_warm_heap_stops_page_faults_on_repeated_large_tensors() -> None:
 
 
 def test_int8_linear_is_the_quantised_module_call() -> None:
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         quantized = torch.ao.quantization.quantize_dynamic(
@@ -97,6 +97,15 @@ def test_int8_linear_is_the_quantised_module_call() -> None:
             dtype=torch.qint8)[0]
     x = torch.randn(7, 16, generator=torch.Generator().manual_seed(0))
     assert torch.equal(Int8Linear(quantized)(x), quantized(x))
+    # a shortlist head quantised from its float weight equals quantize_dynamic's module on that weight
+    linear = torch.nn.Linear(16, 40, bias=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantized_from = torch.ao.quantization.quantize_dynamic(
+            torch.nn.Sequential(linear), {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig},
+            dtype=torch.qint8)[0]
+    torch.testing.assert_close(Int8Linear.from_weight(linear.weight, None)(x), quantized_from(x), atol=1e-6, rtol=0)
+    torch.testing.assert_close(Int8Linear.from_weight(linear.weight, None)(x), linear(x), atol=0.05, rtol=0.05)
 
 
 @needs_onednn
