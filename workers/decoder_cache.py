@@ -31,8 +31,9 @@ class DecoderCache:
 
     cross_k/cross_v: (L, B', H, S, D) once per sentence; src_mask: (B', S) bool; cross_bias:
     (B', H, 1, S) the additive form of src_mask (0 = attend, -inf = padding) for ``baddbmm``.
-    slots: (N,) each row's entry in the (B' x width) query grid, or None when row n is sentence n
-    (width 1). spare_k/spare_v: flat buffers the next ``select`` writes into (see ``select``).
+    slots: (N,) each row's entry in the (B' x width) query grid, ascending (rows in grid order), or
+    None when row n is sentence n (width 1). spare_k/spare_v: flat buffers the next ``select``
+    writes into (see ``select``).
     """
 
     self_k: Tensor
