@@ -13,9 +13,9 @@
   oneDNN post-op. Skipped (with a warning) where torch lacks oneDNN.
 * ``int8``: dynamic int8 quantisation (weights per output channel, activations per call) of
   every linear layer of encoder and decoder, of the full-vocabulary output layer and of each
-  shortlist head (quantised once per candidate set). Per-channel scales keep the BLEU change within noise on the demo model
-  (+0.02..+0.15 on Multi30k; per-tensor scales cost 0.31): the benchmark reports it every run.
-
+  shortlist head (quantised once per candidate set). Per-channel scales keep the BLEU change
+  within noise on the demo model (+0.02..+0.15 on Multi30k; per-tensor scales cost 0.31): the
+  benchmark reports it every run.
 * ``bf16``: bfloat16 weights and activations (the model cast once; oneDNN's bf16 GEMMs where
   ``onednn`` is on); log-softmax and scores stay float32. The alternative to ``int8`` (not both);
   also the GPU path's dtype. Measured on this AVX512-BF16 CPU: ~1.2x over float32 at beam 5,
@@ -63,7 +63,7 @@ class CpuSpeedups:
         return "+".join(on) or "none"
 
 
-EXACT = CpuSpeedups(fused_qkv=True, onednn=True, warm_heap=True)  # the default: float32, outputs equal up to summation order
+EXACT = CpuSpeedups(fused_qkv=True, onednn=True, warm_heap=True)  # the default: float32 outputs (up to summation order)
 
 MMAP_THRESHOLD_MB, TRIM_MB = 32, 1024  # glibc's largest heap-served block; freed memory kept before trimming
 
@@ -149,50 +149,48 @@ class Int8Linear(nn.Module):
     dtype and version and converts the result on every call, ~20 us of Python per call on this VM,
     19 calls per decoder step. Same op, same arguments (``reduce_range``, as that module passes it)."""
 
-    def __init__(self, quantized: nn.Module) -> None:
+    def __init__(self, packed, in_features: int, out_features: int) -> None:
         super().__init__()
-        self.packed = quantized._packed_params._packed_params
-        self.in_features, self.out_features = quantized.in_features, quantized.out_features
+        self.packed, self.in_features, self.out_features = packed, in_features, out_features
+
+    @classmethod
+    def of(cls, quantized: nn.Module) -> "Int8Linear":
+        """The kernel call of a ``torch.ao`` dynamic quantised ``Linear``."""
+        return cls(quantized._packed_params._packed_params, quantized.in_features, quantized.out_features)
 
     @classmethod
     def from_weight(cls, weight: Tensor, bias: Tensor | None) -> "Int8Linear":
-        """A shortlist head (C, E) quantised as ``quantize_dynamic`` quantises the vocabulary head
-        (symmetric per-channel int8), without building a module per candidate set."""
+        """A (C, E) weight quantised as ``quantize_dynamic`` quantises a linear layer (symmetric
+        per-channel int8), without building a module: the output layer and each shortlist head."""
         with torch.no_grad():
             scales = weight.abs().amax(dim=1).clamp(min=1e-8).double() / 127.5  # per_channel_symmetric qint8
             zero = torch.zeros(weight.shape[0], dtype=torch.long)
             q = torch.quantize_per_channel(weight.float(), scales, zero, axis=0, dtype=torch.qint8)
-            head = cls.__new__(cls)
-            nn.Module.__init__(head)
-            head.packed = torch.ops.quantized.linear_prepack(q, None if bias is None else bias.float())
-            head.out_features, head.in_features = weight.shape
-        return head
+            packed = torch.ops.quantized.linear_prepack(q, None if bias is None else bias.float())
+        return cls(packed, weight.shape[1], weight.shape[0])
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.ops.quantized.linear_dynamic(x, self.packed, True)
 
 
-def _lean_int8(root: nn.Module) -> nn.Module:
+def _lean_int8(root: nn.Module) -> None:
     dynamic = torch.ao.nn.quantized.dynamic.Linear
     for parent in list(root.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is dynamic:
-                setattr(parent, name, Int8Linear(child))
-    return Int8Linear(root) if type(root) is dynamic else root
+                setattr(parent, name, Int8Linear.of(child))
 
 
 def quantize_int8(model: MarianModel) -> None:
-    """Dynamic int8 linear layers in place (encoder and decoder, fused projections included),
-    weights quantised per output channel."""
+    """Dynamic int8 linear layers in place (encoder and decoder, fused projections included), the
+    full-vocabulary output layer and each shortlist head; weights quantised per output channel.
+    ``lm_head`` itself stays float (it is tied to the embeddings)."""
     qconfig = {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}
-    head = nn.Sequential(nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=False))
-    with torch.no_grad():
-        head[0].weight.copy_(model.lm_head.weight)  # a copy: lm_head stays float for shortlists (and is tied)
     with warnings.catch_warnings():  # torch.ao.quantization announces its successor; the kernels are current
         warnings.simplefilter("ignore")
         for stack in (model.model.encoder, model.model.decoder):
             _lean_int8(torch.ao.quantization.quantize_dynamic(stack, qconfig, dtype=torch.qint8, inplace=True))
-        model.vocab_head = _lean_int8(torch.ao.quantization.quantize_dynamic(head, qconfig, dtype=torch.qint8)[0])
+    model.vocab_head = Int8Linear.from_weight(model.lm_head.weight, None)  # the logits bias is added by ``project``
     model.pack_head = Int8Linear.from_weight  # shortlist heads: quantised once per candidate set
 
 
