@@ -57,7 +57,8 @@ def add_flops(table: list[dict], translator: Translator, lines: list[str], beam:
 BASELINE = ("baseline: fp32 torch layers, per-sentence cached cross-attn K/V, growing time-major self-attn cache, "
             "warm heap (process-wide)")
 SPEEDUP_STEPS = (("ours-plain", BASELINE),
-                 ("ours+qkv", "+ fused QKV projection"), ("ours-exact", "+ oneDNN-prepacked linear layers (the default)"),
+                 ("ours+qkv", "+ fused QKV projection"), ("ours+onednn", "+ oneDNN-prepacked linear layers"),
+                 ("ours-exact", "+ native fused log-softmax/top-k and attention operators (the default)"),
                  ("ours+int8", "+ int8 linear layers and output layer (per-channel weights)"),
                  ("ours+bf16", "+ bfloat16 weights and activations (instead of int8)"))
 
@@ -102,8 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shortlist", help="table for ours-best (lex.s2t or .vmap); none: pruning only")
     p.add_argument("--shortlist-m", type=int, default=50, help="ours-best's translations per source token: with "
                    "rp 0.6 and int8 together, M=10 cost 0.41 BLEU on Multi30k beam 5, M=50 0.13")
-    p.add_argument("--systems", default="ours-plain,ours+qkv,ours-exact,ours-exact-k,ours+int8,ours+bf16,ours-best,ct2-float32,"
-                   "ct2-int8,hf", help="ours-plain, ours+qkv, ours-exact, ours+int8: the cumulative CPU speed-ups "
+    p.add_argument("--systems", default="ours-plain,ours+qkv,ours+onednn,ours-exact,ours-exact-k,ours+int8,ours+bf16,ours-best,"
+                   "ct2-float32,ct2-int8,hf", help="ours-plain, ours+qkv, ours+onednn, ours-exact, ours+int8: the cumulative CPU speed-ups "
                    "(workers/speedups.py); ours+bf16: bfloat16 instead of int8; ours-exact-k: ours-exact stopping "
                    "at K finished hypotheses, CTranslate2's rule (HF early_stopping=True); ours-best: int8 + rp 0.6 "
                    "pruning + --shortlist")
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
                      "ours-exact-k": lambda: ours(translator, replace(cfg, early_stopping=True)),
                      "ours-plain": lambda: ours(loaded(args, CpuSpeedups()), cfg),
                      "ours+qkv": lambda: ours(loaded(args, CpuSpeedups(fused_qkv=True)), cfg),
+                     "ours+onednn": lambda: ours(loaded(args, replace(EXACT, native=False)), cfg),
                      "ours+int8": lambda: ours(loaded(args, INT8), cfg),
                      "ours+bf16": lambda: ours(loaded(args, replace(EXACT, bf16=True)), cfg),
                      "ct2-float32": lambda: ctranslate2_system(args.model, "float32", args.threads, cfg, translator, tmp),

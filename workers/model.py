@@ -61,14 +61,17 @@ class Attention(nn.Module):
         self.qkv_proj: nn.Module | None = None  # fused (3E, E) projection for decoding (workers/speedups.py)
 
     def step_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Decoding step projections. x (N, E) -> q (N, H, 1, D), k (N, H, D), v (N, H, D)."""
+        """Decoding step projections. x (N, E) -> q (N, E), k (N, H, D), v (N, H, D)."""
         n = x.shape[0]
         if self.qkv_proj is not None:
             q, k, v = self.qkv_proj(x).chunk(3, dim=-1)  # one GEMM instead of three
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        return (self.split(q[:, None]), k.reshape(n, self.num_heads, self.head_dim),
-                v.reshape(n, self.num_heads, self.head_dim))
+        return q, k.reshape(n, self.num_heads, self.head_dim), v.reshape(n, self.num_heads, self.head_dim)
+
+    def heads(self, q: Tensor) -> Tensor:
+        """q (N, E) -> (N, H, 1, D): one query per row, split into heads."""
+        return q.view(q.shape[0], self.num_heads, 1, self.head_dim)
 
     def split(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
@@ -173,6 +176,7 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
         self.dropout = cfg.dropout
+        self.native = None  # fused attention operators (workers/native.py), set by workers/speedups.py
 
     def forward(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced. tgt_ids (B, T) -> hidden (B, T, E)."""
@@ -210,18 +214,22 @@ class Decoder(nn.Module):
             self_mask = (torch.arange(t, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]  # (N,1,1,T)
         cache.reserve(t)
         rows = None if shared else torch.arange(n, device=tokens.device)
+        native = self.native if shared and x.dtype == torch.float32 and cache.self_k.is_contiguous() else None
         for i, layer in enumerate(self.layers):
             sa = layer.self_attn
-            q, k, v = sa.step_qkv(x)  # (N, H, 1, D), (N, H, D), (N, H, D)
+            q, k, v = sa.step_qkv(x)  # (N, E), (N, H, D), (N, H, D)
             if shared:
                 cache.self_k[t - 1, i], cache.self_v[t - 1, i] = k, v
             else:
                 cache.self_k[positions, i, rows], cache.self_v[positions, i, rows] = k, v
-            keys, values = cache.self_k[:t, i].permute(1, 2, 0, 3), cache.self_v[:t, i].permute(1, 2, 0, 3)  # (N, H, T, D)
-            h = cached_attention(q, keys, values, self_mask).view(n, -1)  # (N, H, 1, D) -> (N, E), heads merged
+            if native is not None:  # one fused pass per (row, head) over the cache
+                h = native.self_attention(q, cache.self_k, cache.self_v, i, t, sa.head_dim ** -0.5)  # (N, E)
+            else:
+                keys, values = cache.self_k[:t, i].permute(1, 2, 0, 3), cache.self_v[:t, i].permute(1, 2, 0, 3)  # (N, H, T, D)
+                h = cached_attention(sa.heads(q), keys, values, self_mask).view(n, -1)  # (N, H, 1, D) -> (N, E)
             x = layer.self_attn_layer_norm(x + sa.out_proj(h))
             ca = layer.encoder_attn
-            h = cross_attention(ca.q_proj(x), cache, i)  # (N, E): each sentence's beams in one GEMM
+            h = cross_attention(ca.q_proj(x), cache, i, native)  # (N, E): each sentence's beams together
             x = layer.encoder_attn_layer_norm(x + ca.out_proj(h))
             x = layer.feed_forward(x)
         return x
@@ -253,6 +261,7 @@ class MarianModel(nn.Module):
         self.register_buffer("final_logits_bias", torch.zeros(1, cfg.decoder_vocab_size))
         self.vocab_head: nn.Module | None = None  # faster full-vocabulary output layer (workers/speedups.py)
         self.pack_head = None  # (weight (C, E), bias) -> module: a faster shortlist head (workers/speedups.py)
+        self.native = None  # fused output-step and attention operators (workers/native.py, workers/speedups.py)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.decoder.embed_tokens.weight
 

@@ -109,12 +109,12 @@ def slot_step(decoder: Decoder, cache: SlotCache, tokens: Tensor, positions: Ten
     for i, layer in enumerate(decoder.layers):
         sa = layer.self_attn
         hd = (sa.num_heads, sa.head_dim)
-        q, k, v = sa.step_qkv(x)  # (N, H, 1, D), (N, H, D), (N, H, D): one fused GEMM when sped up
+        q, k, v = sa.step_qkv(x)  # (N, E), (N, H, D), (N, H, D): one fused GEMM when sped up
         cache.self_k[i].index_copy_(0, write_at, k)
         cache.self_v[i].index_copy_(0, write_at, v)
         keys = cache.self_k[i].index_select(0, read_at).view(n, t, *hd).transpose(1, 2)  # (N, H, t, D)
         values = cache.self_v[i].index_select(0, read_at).view(n, t, *hd).transpose(1, 2)
-        h = cached_attention(q, keys, values, self_mask)  # (N, H, 1, D)
+        h = cached_attention(sa.heads(q), keys, values, self_mask)  # (N, H, 1, D)
         x = layer.self_attn_layer_norm(x + sa.merge(h)[:, 0])
         ca = layer.encoder_attn
         q = x.new_zeros(b * width, e)

@@ -20,6 +20,10 @@
   ``onednn`` is on); log-softmax and scores stay float32. The alternative to ``int8`` (not both);
   also the GPU path's dtype. Measured on this AVX512-BF16 CPU: ~1.2x over float32 at beam 5,
   BLEU within noise (+0.04 on 320 Multi30k lines, 302/320 identical).
+* ``native``: the fused C++ decode-step operators of ``workers/native.py`` (log-softmax + top-k
+  bit-equal to ATen's; one-query self- and cross-attention, float32 to ~1e-6), built on first
+  use; float32 activations only (bf16 steps keep the ATen path). Skipped, with a warning, where
+  they cannot be built.
 * ``warm_heap``: glibc's allocator serves tensors up to 32 MB from its heap and keeps freed memory
   (``mallopt``; a process setting, applied once) so a step's large tensors (logits, caches) reuse
   warm pages. By default glibc maps each large block fresh and returns it on free, and every step
@@ -41,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from workers import native
 from workers.model import MarianModel
 
 logger = logging.getLogger(__name__)
@@ -53,17 +58,18 @@ class CpuSpeedups:
     int8: bool = False
     warm_heap: bool = False
     bf16: bool = False
+    native: bool = False
 
     def __post_init__(self) -> None:
         if self.int8 and self.bf16:
             raise ValueError("int8 and bf16 are alternatives: choose one")
 
     def signature(self) -> str:
-        on = [name for name in ("fused_qkv", "onednn", "int8", "bf16", "warm_heap") if getattr(self, name)]
+        on = [name for name in ("fused_qkv", "onednn", "native", "int8", "bf16", "warm_heap") if getattr(self, name)]
         return "+".join(on) or "none"
 
 
-EXACT = CpuSpeedups(fused_qkv=True, onednn=True, warm_heap=True)  # the default: float32 outputs (up to summation order)
+EXACT = CpuSpeedups(fused_qkv=True, onednn=True, warm_heap=True, native=True)  # the default: float32 outputs (up to summation order)
 
 MMAP_THRESHOLD_MB, TRIM_MB = 32, 1024  # glibc's largest heap-served block; freed memory kept before trimming
 
@@ -205,6 +211,8 @@ def apply_speedups(model: MarianModel, opts: CpuSpeedups) -> MarianModel:
         model.to(torch.bfloat16)
     if opts.int8:
         quantize_int8(model)
+    if opts.native and next(model.parameters()).device.type == "cpu":
+        model.native = model.model.decoder.native = native.load()  # None (ATen path) where it cannot be built
     if opts.onednn and next(model.parameters()).device.type == "cpu":
         if onednn_available():
             pack_onednn(model)

@@ -24,6 +24,7 @@ from torch import Tensor
 from workers.config import ModelConfig, SearchConfig
 from workers.engine import DecodeStats, beam_search, greedy_search
 from workers.decoder_cache import DecoderCache
+from workers.native import load as load_native
 from workers.search import Hypothesis
 
 E, A, B, C, D, PAD = range(6)
@@ -38,8 +39,8 @@ FALLBACK: Dist = {E: 1.0}  # prefixes a table does not list (also the -inf place
 class ScriptedModel:
     """Stands in for ``MarianModel``: encode / init_cache / decode_step / config."""
 
-    def __init__(self, probs: ProbsFn, vocab_size: int = V) -> None:
-        self.vocab_size = vocab_size
+    def __init__(self, probs: ProbsFn, vocab_size: int = V, native=None) -> None:
+        self.vocab_size, self.native = vocab_size, native  # native: the fused output step (workers/native.py)
         self.config = ModelConfig(vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=4,
                                   encoder_layers=1, decoder_layers=1, encoder_attention_heads=1,
                                   decoder_attention_heads=1, encoder_ffn_dim=4, decoder_ffn_dim=4,
@@ -158,8 +159,15 @@ TABLES = {0: EOS_RANK, 1: LENGTH, 2: CAP, 3: HEURISTIC}
 KEY = {"eos_rank": 0, "length": 1, "cap": 2, "heuristic": 3}
 
 
-def scripted_model() -> ScriptedModel:
-    return ScriptedModel(scripted(TABLES))
+def scripted_model(native=None) -> ScriptedModel:
+    return ScriptedModel(scripted(TABLES), native=native)
+
+
+def native_ops():
+    ops = load_native()
+    if ops is None:
+        pytest.skip("native decode operators could not be built here (see the logged reason)")
+    return ops
 
 
 # --------------------------------------------------------------------------- beam search, hand cases
@@ -196,8 +204,11 @@ def scripted_model() -> ScriptedModel:
     ("heuristic", SearchConfig(beam_size=1, num_hypotheses=1, length_penalty=1.0), [((E,), .6)]),
     ("heuristic", SearchConfig(beam_size=2, num_hypotheses=2, length_penalty=1.0), [((A, E), .4), ((E,), .6)]),
 ])
-def test_beam_search_scripted(table: str, cfg: SearchConfig, expected: list[tuple[tuple[int, ...], float]]) -> None:
-    (result,) = decode(beam_search, scripted_model(), cfg, [(KEY[table], 3)])
+@pytest.mark.parametrize("scoring", ["aten", "native"])
+def test_beam_search_scripted(table: str, cfg: SearchConfig, expected: list[tuple[tuple[int, ...], float]],
+                              scoring: str) -> None:
+    model = scripted_model(native_ops() if scoring == "native" else None)
+    (result,) = decode(beam_search, model, cfg, [(KEY[table], 3)])
     assert_hyps(result, expected, cfg.length_penalty)
 
 

@@ -1,0 +1,140 @@
+"""The native decode-step operators (workers/native.py) against the ATen operators they replace."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from workers.decoder_cache import DecoderCache, cached_attention, cross_attention
+from workers.native import load
+from workers.search import row_top_log_probs
+from workers.speedups import EXACT
+from workers.translator import Translator
+
+NEG_INF = float("-inf")
+
+
+@pytest.fixture(scope="module")
+def ops():
+    ops = load()
+    if ops is None:
+        pytest.skip("native decode operators could not be built here (see the logged reason)")
+    return ops
+
+
+def aten_row_top(logits: torch.Tensor, k: int, skip: int) -> tuple[torch.Tensor, torch.Tensor]:
+    lp = torch.log_softmax(logits, dim=-1)
+    if skip >= 0:
+        lp[:, skip] = NEG_INF
+    return torch.topk(lp, k, dim=1)
+
+
+@pytest.mark.parametrize("n, v, k, skip", [(160, 8001, 10, 8000), (7, 8001, 1, 8000), (5, 333, 6, 17),
+                                           (3, 100, 8, -1), (4, 37, 37, 5), (2, 16, 3, 0)])
+def test_row_top_log_softmax_is_bit_equal_to_aten(ops, n: int, v: int, k: int, skip: int) -> None:
+    gen = torch.Generator().manual_seed(n * v + k)
+    logits = torch.randn(n, v, generator=gen) * 4
+    logits[0, (skip + 1) % v] = logits[0].max() + 3  # a clear winner next to the banned column
+    if skip >= 0:
+        logits[-1, skip] = logits[-1].max() + 5  # the banned column is the row maximum: still normalises
+    values, ids = ops.row_top_log_softmax(logits, k, skip)
+    ref_values, ref_ids = aten_row_top(logits, k, skip)
+    assert torch.equal(values, ref_values)  # bit-equal: ATen's own max, exp-sum and log
+    finite = torch.isfinite(ref_values)
+    assert torch.equal(ids[finite], ref_ids[finite])
+    assert not bool((ids[finite] == skip).any())
+    if k == v and skip >= 0:  # one slot has no column left: -inf, at the banned column, as ATen gives it
+        assert values[:, -1].eq(NEG_INF).all() and ids[:, -1].eq(skip).all()
+
+
+def test_row_top_log_softmax_on_model_logits_and_ties(ops, demo_model_dir) -> None:
+    model = Translator.load(str(demo_model_dir), speedups=EXACT).checkpoint.model
+    hidden = torch.randn(64, model.config.d_model, generator=torch.Generator().manual_seed(1))
+    logits = model.project(hidden).contiguous()
+    pad = model.config.pad_token_id
+    values, ids = ops.row_top_log_softmax(logits, 10, pad)
+    ref_values, ref_ids = aten_row_top(logits, 10, pad)
+    assert torch.equal(values, ref_values) and torch.equal(ids, ref_ids)
+    tied = torch.zeros(2, 50)
+    tied[:, 7] = tied[:, 30] = 1.0
+    _, ids = ops.row_top_log_softmax(tied, 3, -1)
+    assert ids[:, :2].tolist() == [[7, 30], [7, 30]] and ids[:, 2].tolist() == [0, 0]  # ties: lower column first
+
+
+def test_row_top_log_probs_native_equals_aten_with_shortlist_and_forced_eos(ops) -> None:
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(12, 40, generator=gen)
+    token_ids = torch.randperm(200, generator=gen)[:40]
+    token_ids[11] = 199  # <pad> among the candidates
+    force = torch.zeros(12, dtype=torch.bool)
+    force[[2, 5]] = True
+    for ids in (None, token_ids):
+        pad = 39 if ids is None else 199
+        a = row_top_log_probs(logits, 6, pad, force, 0, ids)
+        b = row_top_log_probs(logits, 6, pad, force, 0, ids, ops)
+        assert torch.equal(a.log_probs, b.log_probs) and torch.equal(a.tokens, b.tokens)
+    no_pad = row_top_log_probs(logits, 6, 555, None, 0, token_ids, ops)  # <pad> not a candidate: nothing skipped
+    assert torch.equal(no_pad.tokens, row_top_log_probs(logits, 6, 555, None, 0, token_ids).tokens)
+
+
+def test_row_top_log_softmax_rejects_bad_input(ops) -> None:
+    with pytest.raises(RuntimeError, match="contiguous float32"):
+        ops.row_top_log_softmax(torch.zeros(4, 10).t(), 2, 0)
+    with pytest.raises(RuntimeError, match="contiguous float32"):
+        ops.row_top_log_softmax(torch.zeros(4, 10, dtype=torch.float64), 2, 0)
+    with pytest.raises(RuntimeError, match="k must be"):
+        ops.row_top_log_softmax(torch.zeros(4, 10), 11, 0)
+
+
+@pytest.mark.parametrize("t", [1, 7, 40])
+def test_self_attention_equals_batched_matmuls(ops, t: int) -> None:
+    gen = torch.Generator().manual_seed(t)
+    cap, layers, n, h, d = 48, 3, 11, 4, 16
+    self_k, self_v = torch.randn(cap, layers, n, h, d, generator=gen), torch.randn(cap, layers, n, h, d, generator=gen)
+    qkv = torch.randn(n, 3 * h * d, generator=gen)
+    q = qkv[:, : h * d]  # a strided view, as the fused QKV projection gives it
+    for layer in range(layers):
+        keys, values = self_k[:t, layer].permute(1, 2, 0, 3), self_v[:t, layer].permute(1, 2, 0, 3)
+        ref = cached_attention(q.reshape(n, h, 1, d), keys, values, None).view(n, -1)
+        torch.testing.assert_close(ops.self_attention(q, self_k, self_v, layer, t, d ** -0.5), ref,
+                                   atol=2e-6, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="out of range"):
+        ops.self_attention(q, self_k, self_v, layers, t, 1.0)
+    with pytest.raises(RuntimeError, match="contiguous float32"):
+        ops.self_attention(q, self_k.transpose(0, 1), self_v, 0, t, 1.0)
+
+
+def test_cross_attention_equals_the_sentence_grid(ops) -> None:
+    gen = torch.Generator().manual_seed(5)
+    layers, b, h, s, d, w = 2, 6, 4, 9, 8, 3
+    lengths = torch.tensor([9, 1, 4, 9, 6, 2])
+    src_mask = torch.arange(s)[None, :] < lengths[:, None]
+    cross_k, cross_v = torch.randn(layers, b, h, s, d, generator=gen), torch.randn(layers, b, h, s, d, generator=gen)
+    slots = torch.tensor([0, 1, 2, 3, 6, 7, 9, 12, 13, 14, 16])  # empty grid entries: finished or pruned beams
+    n = slots.numel()
+    cache = DecoderCache(torch.zeros(2, layers, n, h, d), torch.zeros(2, layers, n, h, d), cross_k, cross_v, src_mask,
+                         slots=slots, width=w)
+    q = torch.randn(n, h * d, generator=gen)
+    for layer in range(layers):
+        torch.testing.assert_close(cross_attention(q, cache, layer, ops), cross_attention(q, cache, layer),
+                                   atol=2e-6, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="sentence index out of range"):
+        ops.cross_attention(q, cross_k, cross_v, 0, cache.cross_bias, torch.full((n,), b), 1.0)
+
+
+def test_decoding_falls_back_to_aten_where_the_operators_cannot_be_built(tmp_path, demo_model_dir) -> None:
+    probe = ("import logging, sys; logging.basicConfig(level=logging.WARNING)\n"
+             "from workers.native import load\n"
+             "from workers.translator import Translator\n"
+             "t = Translator.load(sys.argv[1])\n"
+             "assert load() is None and t.checkpoint.model.native is None\n"
+             "print(t.translate(['Ein Hund läuft.'])[0].text)\n")
+    env = {**os.environ, "CXX": "/bin/false", "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", probe, str(demo_model_dir)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()  # it still translates
+    assert "native decode operators unavailable" in out.stderr

@@ -1,0 +1,200 @@
+// Fused CPU operators of one decoding step (workers/fused.py builds and loads this file).
+//
+// Each replaces a chain of small ATen calls whose per-call overhead, not arithmetic, dominated the
+// step at decoding shapes (N = 32..160 rows, H = 4..16 heads, t, S = 10..100 positions):
+//   row_top_log_softmax: log_softmax + ban one column + topk  -> one top-k scan and one exp-sum
+//                         scan per row; the log-probs are bit-equal to ATen's log_softmax (same
+//                         vectorised max, exp-sum and log as ATen's kernel).
+//   self_attention:      one query per row over the time-major self-attention cache
+//                         (scores, softmax, weighted sum) -> one pass per (row, head).
+//   cross_attention:     one query per row over its sentence's source K/V (additive mask).
+// Dimension letters: N rows, V columns, T capacity, L layers, H heads, D head dim, E = H * D,
+// B sentences, S source positions.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Insert (value, index) into best/where (descending, length k) if it beats the last entry;
+// an equal value keeps the earlier index first.
+inline void insert_top(float value, int64_t index, float* best, int64_t* where, int64_t k) {
+  if (!(value > best[k - 1])) return;
+  int64_t p = k - 1;
+  while (p > 0 && value > best[p - 1]) {
+    best[p] = best[p - 1];
+    where[p] = where[p - 1];
+    --p;
+  }
+  best[p] = value;
+  where[p] = index;
+}
+
+}  // namespace
+
+// logits (N, V) float32 contiguous -> (log_probs (N, k), ids (N, k) int64), best first.
+// ``skip`` (or -1): a column left out of the top-k but kept in the normaliser (<pad>).
+// Slots no column fills (k > V - 1) hold -inf and ``skip``.
+std::tuple<at::Tensor, at::Tensor> row_top_log_softmax(const at::Tensor& logits, int64_t k, int64_t skip) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous(),
+              "row_top_log_softmax: logits must be a contiguous float32 (N, V) tensor");
+  const int64_t n = logits.size(0), v = logits.size(1);
+  TORCH_CHECK(k >= 1 && k <= v, "row_top_log_softmax: k must be in [1, V]");
+  auto values = at::empty({n, k}, logits.options());
+  auto ids = at::empty({n, k}, logits.options().dtype(at::kLong));
+  const float* src = logits.data_ptr<float>();
+  float* out_v = values.data_ptr<float>();
+  int64_t* out_i = ids.data_ptr<int64_t>();
+  const int64_t fill = skip >= 0 && skip < v ? skip : 0;
+  at::parallel_for(0, n, std::max<int64_t>(1, 32768 / std::max<int64_t>(v, 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* x = src + r * v;
+      float* best = out_v + r * k;
+      int64_t* where = out_i + r * k;
+      std::fill(best, best + k, kNegInf);
+      std::fill(where, where + k, fill);
+      int64_t j = 0;
+      for (; j + Vec::size() <= v; j += Vec::size()) {  // only lanes above the k-th best are looked at
+        const Vec chunk = Vec::loadu(x + j);
+        const int below = (chunk > Vec(best[k - 1])).zero_mask();
+        if (below == (1 << Vec::size()) - 1) continue;
+        for (int lane = 0; lane < Vec::size(); ++lane)
+          if (!(below & (1 << lane)) && j + lane != skip) insert_top(x[j + lane], j + lane, best, where, k);
+      }
+      for (; j < v; ++j)
+        if (j != skip) insert_top(x[j], j, best, where, k);
+      float max = best[0];
+      if (skip >= 0 && skip < v && !(x[skip] <= max)) max = x[skip];
+      if (std::isnan(max)) max = at::vec::reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, x, v);
+      // ATen's log_softmax: sum of exp(x - max), vectorised log, then x - max - log(sum)
+      float sum = at::vec::map_reduce_all<float>([max](Vec a) { return (a - Vec(max)).exp(); },
+                                                 [](Vec a, Vec b) { return a + b; }, x, v);
+      at::vec::map([](Vec a) { return a.log(); }, &sum, &sum, 1);
+      for (int64_t c = 0; c < k; ++c) best[c] = best[c] - max - sum;
+    }
+  });
+  return {values, ids};
+}
+
+namespace {
+
+// out (D) = softmax(scale * q . K_t) . V_t over t < len, K_t = keys + t * stride (D floats each).
+// Scores go to ``scores`` (len floats).
+inline void attend_one(const float* q, const float* keys, const float* vals, int64_t stride, int64_t len, int64_t d,
+                       float scale, const float* bias, float* scores, float* out) {
+  float max = kNegInf;
+  for (int64_t t = 0; t < len; ++t) {
+    const float* key = keys + t * stride;
+    Vec acc(0.f);
+    int64_t i = 0;
+    for (; i + Vec::size() <= d; i += Vec::size()) acc = at::vec::fmadd(Vec::loadu(q + i), Vec::loadu(key + i), acc);
+    float s = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc);
+    for (; i < d; ++i) s += q[i] * key[i];
+    s *= scale;
+    if (bias) s += bias[t];
+    scores[t] = s;
+    max = std::max(max, s);
+  }
+  float sum = 0.f;
+  for (int64_t t = 0; t < len; ++t) {
+    scores[t] = std::exp(scores[t] - max);
+    sum += scores[t];
+  }
+  const float inv = 1.f / sum;
+  int64_t i = 0;
+  for (; i + Vec::size() <= d; i += Vec::size()) {
+    Vec acc(0.f);
+    for (int64_t t = 0; t < len; ++t) acc = at::vec::fmadd(Vec(scores[t]), Vec::loadu(vals + t * stride + i), acc);
+    (acc * Vec(inv)).store(out + i);
+  }
+  for (; i < d; ++i) {
+    float acc = 0.f;
+    for (int64_t t = 0; t < len; ++t) acc += scores[t] * vals[t * stride + i];
+    out[i] = acc * inv;
+  }
+}
+
+void check_query(const at::Tensor& q, int64_t e) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kFloat && q.stride(1) == 1 && q.size(1) == e,
+              "attention: q must be a float32 (N, E) tensor with unit column stride");
+}
+
+}  // namespace
+
+// Self-attention of one step: q (N, E) (any row stride), cache_k / cache_v (T, L, N, H, D)
+// contiguous float32, positions [0, length) of ``layer`` -> (N, E), heads merged.
+at::Tensor self_attention(const at::Tensor& q, const at::Tensor& cache_k, const at::Tensor& cache_v, int64_t layer,
+                          int64_t length, double scale) {
+  TORCH_CHECK(cache_k.dim() == 5 && cache_k.is_contiguous() && cache_v.is_contiguous() &&
+              cache_k.sizes() == cache_v.sizes() && cache_k.scalar_type() == at::kFloat && cache_v.scalar_type() == at::kFloat,
+              "self_attention: caches must be contiguous float32 (T, L, N, H, D)");
+  const int64_t l = cache_k.size(1), n = cache_k.size(2), h = cache_k.size(3), d = cache_k.size(4);
+  TORCH_CHECK(layer >= 0 && layer < l && length >= 1 && length <= cache_k.size(0) && q.size(0) == n,
+              "self_attention: layer, length or rows out of range");
+  check_query(q, h * d);
+  auto out = at::empty({n, h * d}, q.options().memory_format(at::MemoryFormat::Contiguous));
+  const float *qp = q.data_ptr<float>(), *kp = cache_k.data_ptr<float>(), *vp = cache_v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t stride = l * n * h * d, q_stride = q.stride(0);
+  at::parallel_for(0, n * h, std::max<int64_t>(1, 4096 / (length * d)), [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(length);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t row = task / h, head = task % h;
+      const int64_t at = ((layer * n + row) * h + head) * d;
+      attend_one(qp + row * q_stride + head * d, kp + at, vp + at, stride, length, d, static_cast<float>(scale),
+                 nullptr, scores.data(), op + row * h * d + head * d);
+    }
+  });
+  return out;
+}
+
+// Cross-attention of one step: q (N, E) (any row stride); cross_k / cross_v (L, B, H, S, D)
+// contiguous float32; bias (B, H, 1, S) additive mask (0 or -inf); sentence (N,) int64: each
+// row's sentence -> (N, E), heads merged.
+at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& cross_k, const at::Tensor& cross_v, int64_t layer,
+                           const at::Tensor& bias, const at::Tensor& sentence, double scale) {
+  TORCH_CHECK(cross_k.dim() == 5 && cross_k.is_contiguous() && cross_v.is_contiguous() &&
+              cross_k.sizes() == cross_v.sizes() && cross_k.scalar_type() == at::kFloat && cross_v.scalar_type() == at::kFloat,
+              "cross_attention: K/V must be contiguous float32 (L, B, H, S, D)");
+  const int64_t b = cross_k.size(1), h = cross_k.size(2), s = cross_k.size(3), d = cross_k.size(4);
+  const int64_t n = q.size(0);
+  TORCH_CHECK(layer >= 0 && layer < cross_k.size(0), "cross_attention: layer out of range");
+  TORCH_CHECK(bias.is_contiguous() && bias.scalar_type() == at::kFloat && bias.numel() == b * h * s,
+              "cross_attention: bias must be contiguous float32 (B, H, 1, S)");
+  TORCH_CHECK(sentence.dim() == 1 && sentence.size(0) == n && sentence.scalar_type() == at::kLong && sentence.is_contiguous(),
+              "cross_attention: sentence must be a contiguous int64 (N,) tensor");
+  check_query(q, h * d);
+  const int64_t* sp = sentence.data_ptr<int64_t>();
+  for (int64_t r = 0; r < n; ++r) TORCH_CHECK(sp[r] >= 0 && sp[r] < b, "cross_attention: sentence index out of range");
+  auto out = at::empty({n, h * d}, q.options().memory_format(at::MemoryFormat::Contiguous));
+  const float *qp = q.data_ptr<float>(), *bp = bias.data_ptr<float>();
+  const float *kp = cross_k.data_ptr<float>() + layer * b * h * s * d, *vp = cross_v.data_ptr<float>() + layer * b * h * s * d;
+  float* op = out.data_ptr<float>();
+  const int64_t q_stride = q.stride(0);
+  at::parallel_for(0, n * h, std::max<int64_t>(1, 4096 / (s * d)), [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(s);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t row = task / h, head = task % h, j = sp[row];
+      const int64_t at = (j * h + head) * s * d;
+      attend_one(qp + row * q_stride + head * d, kp + at, vp + at, d, s, d, static_cast<float>(scale),
+                 bp + (j * h + head) * s, scores.data(), op + row * h * d + head * d);
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("vector_width", [] { return static_cast<int64_t>(Vec::size()); }, "floats per vector register this build uses");
+  m.def("row_top_log_softmax", &row_top_log_softmax, "per-row top-k of log_softmax, one column skipped");
+  m.def("self_attention", &self_attention, "one-query attention over the time-major self-attention cache");
+  m.def("cross_attention", &cross_attention, "one-query attention over each row's sentence's source K/V");
+}
