@@ -29,6 +29,11 @@ class DecoderCache:
     Positions no row has written yet are zero: a row behind the furthest one reads them under its
     mask, so they must be finite (masked NaN/inf garbage would still poison the attention output).
 
+    ancestry: (T_cap, N) int64 or None. When set (the native operators' layout, ``Decoder.init_cache``
+    with ``rows``), self_k/self_v hold R >= N rows that never move: row n's position t is cache row
+    ``ancestry[t, n]``, a step writes row n's K/V at cache row n, and beam reordering reorders
+    ancestry columns (N x t int64) instead of copying K/V (N x t x L x E floats, twice).
+
     cross_k/cross_v: (L, B', H, S, D) once per sentence; src_mask: (B', S) bool; cross_bias:
     (B', H, 1, S) the additive form of src_mask (0 = attend, -inf = padding) for ``baddbmm``.
     slots: (N,) each row's entry in the (B' x width) query grid, ascending (rows in grid order), or
@@ -46,6 +51,7 @@ class DecoderCache:
     width: int = 1
     spare_k: Tensor | None = None
     spare_v: Tensor | None = None
+    ancestry: Tensor | None = None
     _sentences: Tensor | None = field(default=None, init=False, repr=False)  # row_sentences(), once
 
     def __post_init__(self) -> None:
@@ -54,13 +60,13 @@ class DecoderCache:
             bias = torch.zeros((b, s), dtype=self.cross_k.dtype, device=self.cross_k.device)
             bias.masked_fill_(~self.src_mask, float("-inf"))
             self.cross_bias = bias[:, None, None, :].expand(b, self.cross_k.shape[2], 1, s).contiguous()
-        rows = self.self_k.shape[2]
+        rows = self.num_rows
         if self.slots is None and rows != self.num_sentences:
             raise ValueError(f"{rows} rows need a query layout over {self.num_sentences} sentences")
 
     @property
     def num_rows(self) -> int:
-        return self.self_k.shape[2]
+        return self.self_k.shape[2] if self.ancestry is None else self.ancestry.shape[1]
 
     @property
     def num_sentences(self) -> int:
@@ -83,9 +89,10 @@ class DecoderCache:
         if length <= self.max_length:
             return
         cap = max(length, 2 * self.max_length)
-        for name in ("self_k", "self_v"):
+        for name in ("self_k", "self_v") if self.ancestry is None else ("self_k", "self_v", "ancestry"):
             old = getattr(self, name)
-            new = old.new_zeros((cap, *old.shape[1:]))
+            # with an ancestry table, rows read only positions every row has written: no zeroing
+            new = old.new_zeros((cap, *old.shape[1:])) if self.ancestry is None else old.new_empty((cap, *old.shape[1:]))
             new[: old.shape[0]] = old
             setattr(self, name, new)
 
@@ -105,8 +112,15 @@ class DecoderCache:
         ``reuse=True`` writes into this cache's spare buffers and hands this cache's own buffers on
         as the new cache's spares: no allocation (and no fresh pages) per step, but this cache is
         dead afterwards. The batch decoders call it once per step and drop the old cache.
+
+        With ``ancestry``, K/V stay where they are (shared with this cache): only the ancestry
+        columns are selected, and ``zero_tail`` / ``reuse`` do not apply.
         """
         length = self.max_length if length is None else length
+        if self.ancestry is not None:
+            ancestry = self.ancestry.new_zeros((self.max_length, rows.shape[0]))
+            torch.index_select(self.ancestry[:length], 1, rows, out=ancestry[:length])
+            return self._with_rows(self.self_k, self.self_v, rows, sentences, slots, width, (None, None), ancestry)
         shape = list(self.self_k.shape)
         shape[0], shape[2] = length + 1, rows.shape[0]
         self_k, self_v = self._buffer(shape, self.spare_k, reuse), self._buffer(shape, self.spare_v, reuse)
@@ -116,17 +130,22 @@ class DecoderCache:
             self_k[length:] = 0
             self_v[length:] = 0
         spares = (_base(self.self_k), _base(self.self_v)) if reuse else (None, None)
+        return self._with_rows(self_k, self_v, rows, sentences, slots, width, spares, None)
+
+    def _with_rows(self, self_k: Tensor, self_v: Tensor, rows: Tensor, sentences: Tensor | None,
+                   slots: Tensor | None, width: int, spares: tuple, ancestry: Tensor | None) -> "DecoderCache":
+        """The selected cache around its new self-attention state: cross K/V per ``select``'s rules."""
         if slots is None:
             pick = self.row_sentences().index_select(0, rows)
             return DecoderCache(self_k, self_v, self.cross_k.index_select(1, pick), self.cross_v.index_select(1, pick),
                                 self.src_mask.index_select(0, pick), self.cross_bias.index_select(0, pick),
-                                None, 1, *spares)
+                                None, 1, *spares, ancestry)
         if sentences is None:
             return DecoderCache(self_k, self_v, self.cross_k, self.cross_v, self.src_mask, self.cross_bias,
-                                slots, width, *spares)
+                                slots, width, *spares, ancestry)
         return DecoderCache(self_k, self_v, self.cross_k.index_select(1, sentences),
                             self.cross_v.index_select(1, sentences), self.src_mask.index_select(0, sentences),
-                            self.cross_bias.index_select(0, sentences), slots, width, *spares)
+                            self.cross_bias.index_select(0, sentences), slots, width, *spares, ancestry)
 
     def _buffer(self, shape: list[int], spare: Tensor | None, reuse: bool) -> Tensor:
         """A contiguous (shape) tensor: the front of ``spare`` when it is big enough; else a new one,

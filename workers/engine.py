@@ -96,7 +96,7 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
     mc, stats = model.config, stats or DecodeStats()
     b = src_ids.shape[0]
     max_lens = max_lengths(src_mask.sum(1).tolist(), cfg, mc.max_position_embeddings)
-    cache = model.init_cache(model.encode(src_ids, src_mask), src_mask, min(max(max_lens), INITIAL_CAPACITY))
+    cache = model.init_cache(model.encode(src_ids, src_mask), src_mask, min(max(max_lens), INITIAL_CAPACITY), rows=b)
     head = model.output_head(candidates) if candidates is not None else None
     active, index, caps = list(range(b)), torch.arange(b), torch.tensor(max_lens)  # index: active as a tensor
     last = torch.full((b,), mc.decoder_start_token_id, dtype=torch.long)
@@ -229,7 +229,8 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
     b = src_ids.shape[0]
     max_lens = max_lengths(src_mask.sum(1).tolist(), cfg, mc.max_position_embeddings)
     t_max = max(max_lens)
-    cache = model.init_cache(model.encode(src_ids, src_mask), src_mask, 1)  # one live beam per sentence
+    cache = model.init_cache(model.encode(src_ids, src_mask), src_mask, min(t_max, INITIAL_CAPACITY),
+                             rows=b * k)  # one live beam per sentence at step 0, at most K later
     head = model.output_head(candidates) if candidates is not None else None
     pools = [FinishedPool(k) for _ in range(b)]
     running = torch.full((b, k), float("-inf"))

@@ -188,16 +188,21 @@ class Decoder(nn.Module):
             x = layer(x, memory, mask)
         return x
 
-    def init_cache(self, memory: Tensor, src_mask: Tensor, max_length: int) -> DecoderCache:
+    def init_cache(self, memory: Tensor, src_mask: Tensor, max_length: int, rows: int | None = None) -> DecoderCache:
         """Cross-attention K/V for every layer, once per sentence. memory (N, S, E), src_mask (N, S).
-        ``max_length``: the initial self-attention capacity (it grows as steps need it)."""
+        ``max_length``: the initial self-attention capacity (it grows as steps need it). ``rows``:
+        the most decoder rows any later step has (batch decoders); with the native operators and
+        float32 the cache then keeps K/V in place and reorders rows through its ancestry table."""
         n = memory.shape[0]
         cross_k = torch.stack([l.encoder_attn.split(l.encoder_attn.k_proj(memory)) for l in self.layers])
         cross_v = torch.stack([l.encoder_attn.split(l.encoder_attn.v_proj(memory)) for l in self.layers])
         attn = self.layers[0].self_attn
-        shape = (max_length, len(self.layers), n, attn.num_heads, attn.head_dim)  # time-major
-        self_k = memory.new_zeros(shape)
-        return DecoderCache(self_k, torch.zeros_like(self_k), cross_k, cross_v, src_mask)
+        in_place = rows is not None and self.native is not None and memory.dtype == torch.float32
+        shape = (max_length, len(self.layers), max(rows, n) if in_place else n, attn.num_heads, attn.head_dim)
+        self_k = memory.new_empty(shape) if in_place else memory.new_zeros(shape)  # time-major; in place: read once written
+        ancestry = torch.zeros((max_length, n), dtype=torch.long, device=memory.device) if in_place else None
+        self_v = torch.empty_like(self_k) if in_place else torch.zeros_like(self_k)
+        return DecoderCache(self_k, self_v, cross_k, cross_v, src_mask, ancestry=ancestry)
 
     def step(self, tokens: Tensor, positions: Tensor | int, cache: DecoderCache) -> Tensor:
         """One incremental step. tokens (N,), positions (N,) -> hidden (N, E); writes K/V at ``positions``.
@@ -215,24 +220,38 @@ class Decoder(nn.Module):
         cache.reserve(t)
         rows = None if shared else torch.arange(n, device=tokens.device)
         native = self.native if shared and x.dtype == torch.float32 and cache.self_k.is_contiguous() else None
+        if cache.ancestry is not None:  # K/V in place: row n writes cache row n, reads through its ancestry
+            if native is None:
+                raise ValueError("a cache with an ancestry table needs the native operators and one shared position")
+            cache.ancestry[t - 1] = torch.arange(n)
         for i, layer in enumerate(self.layers):
             sa = layer.self_attn
             q, k, v = sa.step_qkv(x)  # (N, E), (N, H, D), (N, H, D)
             if shared:
-                cache.self_k[t - 1, i], cache.self_v[t - 1, i] = k, v
+                cache.self_k[t - 1, i, :n], cache.self_v[t - 1, i, :n] = k, v
             else:
                 cache.self_k[positions, i, rows], cache.self_v[positions, i, rows] = k, v
             if native is not None:  # one fused pass per (row, head) over the cache
-                h = native.self_attention(q, cache.self_k, cache.self_v, i, t, sa.head_dim ** -0.5)  # (N, E)
+                h = native.self_attention(q, cache.self_k, cache.self_v, cache.ancestry, i, t, sa.head_dim ** -0.5)
             else:
                 keys, values = cache.self_k[:t, i].permute(1, 2, 0, 3), cache.self_v[:t, i].permute(1, 2, 0, 3)  # (N, H, T, D)
                 h = cached_attention(sa.heads(q), keys, values, self_mask).view(n, -1)  # (N, H, 1, D) -> (N, E)
-            x = layer.self_attn_layer_norm(x + sa.out_proj(h))
+            x = _add_norm(layer.self_attn_layer_norm, x, sa.out_proj(h), native)
             ca = layer.encoder_attn
             h = cross_attention(ca.q_proj(x), cache, i, native)  # (N, E): each sentence's beams together
-            x = layer.encoder_attn_layer_norm(x + ca.out_proj(h))
-            x = layer.feed_forward(x)
+            x = _add_norm(layer.encoder_attn_layer_norm, x, ca.out_proj(h), native)
+            if native is None:
+                x = layer.feed_forward(x)
+            else:
+                x = _add_norm(layer.final_layer_norm, x, layer.fc2(layer.act(layer.fc1(x))), native)
         return x
+
+
+def _add_norm(norm: nn.LayerNorm, x: Tensor, h: Tensor, native) -> Tensor:
+    """The post-norm residual ``norm(x + h)``, (N, E); one native call when given."""
+    if native is None:
+        return norm(x + h)
+    return native.add_layer_norm(x, h, norm.weight, norm.bias, norm.eps)
 
 
 class MarianInner(nn.Module):
@@ -299,9 +318,9 @@ class MarianModel(nn.Module):
         memory = self.encode(src_ids, src_mask)
         return self.project(self.model.decoder(tgt_ids, memory, src_mask))
 
-    def init_cache(self, memory: Tensor, src_mask: Tensor, max_length: int) -> DecoderCache:
+    def init_cache(self, memory: Tensor, src_mask: Tensor, max_length: int, rows: int | None = None) -> DecoderCache:
         with record_function("encoder"):  # cross-attention K/V: once per sentence, like the encoder
-            return self.model.decoder.init_cache(memory, src_mask, max_length)
+            return self.model.decoder.init_cache(memory, src_mask, max_length, rows)
 
     def decode_step(self, tokens: Tensor, positions: Tensor | int, cache: DecoderCache,
                     head: OutputHead | None = None) -> Tensor:

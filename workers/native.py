@@ -13,7 +13,7 @@ allocation; these three fuse the costliest chains (measured on this 2-core AVX51
 The attention kernels sum in another order than MKL's batched GEMMs: float32 results equal to
 ~1e-6, as the oneDNN layers are. The extension is compiled for the instruction set ATen itself
 dispatches to (``torch.backends.cpu.get_cpu_capability()``), with torch's own vector types and
-thread pool, by ``torch.utils.cpp_extension`` (g++ and ninja; cached under
+thread pool, and registered as torch operators (``torch.ops.raymt.*``, named in profiles), by ``torch.utils.cpp_extension`` (g++ and ninja; cached under
 ``TORCH_EXTENSIONS_DIR``, rebuilt when the source changes). Where it cannot be built, ``load``
 says why once and returns None, and the decoder runs the ATen path.
 """
@@ -38,13 +38,14 @@ ISA_FLAGS = {  # ATen's own per-capability compile flags (its CPU_CAPABILITY ker
 
 @functools.cache
 def load() -> ModuleType | None:
-    """The compiled operators, or None (with one warning saying why) where they cannot be built."""
+    """The compiled operators (``torch.ops.raymt``), or None (with one warning saying why) where they cannot be built."""
     capability = torch.backends.cpu.get_cpu_capability()
     try:
         from torch.utils.cpp_extension import load as build
 
-        return build(f"raymt_decode_ops_{capability.lower()}", [SOURCE], verbose=False,
-                     extra_cflags=["-O3", "-fopenmp", *ISA_FLAGS.get(capability, [])], extra_ldflags=["-fopenmp"])
+        build(f"raymt_decode_ops_{capability.lower()}", [SOURCE], verbose=False, is_python_module=False,
+              extra_cflags=["-O3", "-fopenmp", *ISA_FLAGS.get(capability, [])], extra_ldflags=["-fopenmp"])
+        return torch.ops.raymt
     except Exception as err:  # no compiler, no ninja, unwritable cache: the ATen path still decodes
         logger.warning("native decode operators unavailable (%s: %s); decoding with ATen operators",
                        type(err).__name__, str(err).splitlines()[0] if str(err) else "")

@@ -53,7 +53,7 @@ class ScriptedModel:
         """(B, S) -> memory (B, S, 1) whose every position holds the sentence key src_ids[:, 0]."""
         return src_ids[:, :1, None].float().repeat(1, src_ids.shape[1], 1)
 
-    def init_cache(self, memory: Tensor, src_mask: Tensor, max_length: int) -> DecoderCache:
+    def init_cache(self, memory: Tensor, src_mask: Tensor, max_length: int, rows: int | None = None) -> DecoderCache:
         n = memory.shape[0]
         self_k = memory.new_zeros(max_length, 1, n, 1, 1)  # (T, L, N, H, D): token ids by position
         cross = memory[None, :, None]  # (L, N, H, S, D): sentence key

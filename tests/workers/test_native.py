@@ -99,12 +99,22 @@ def test_self_attention_equals_batched_matmuls(ops, t: int) -> None:
     for layer in range(layers):
         keys, values = self_k[:t, layer].permute(1, 2, 0, 3), self_v[:t, layer].permute(1, 2, 0, 3)
         ref = cached_attention(q.reshape(n, h, 1, d), keys, values, None).view(n, -1)
-        torch.testing.assert_close(ops.self_attention(q, self_k, self_v, layer, t, d ** -0.5), ref,
+        torch.testing.assert_close(ops.self_attention(q, self_k, self_v, None, layer, t, d ** -0.5), ref,
                                    atol=2e-6, rtol=1e-5)
+    # through an ancestry table: row n's position p lives in cache row ancestry[p, n] of 2n rows
+    wide_k, wide_v = torch.randn(cap, layers, 2 * n, h, d, generator=gen), torch.randn(cap, layers, 2 * n, h, d, generator=gen)
+    ancestry = torch.randint(0, 2 * n, (cap, n), generator=gen)
+    gather = lambda c: c.gather(2, ancestry[:, None, :, None, None].expand(cap, layers, n, h, d))  # noqa: E731
+    for layer in range(layers):
+        torch.testing.assert_close(ops.self_attention(q, wide_k, wide_v, ancestry, layer, t, d ** -0.5),
+                                   ops.self_attention(q, gather(wide_k), gather(wide_v), None, layer, t, d ** -0.5),
+                                   atol=0, rtol=0)
     with pytest.raises(RuntimeError, match="out of range"):
-        ops.self_attention(q, self_k, self_v, layers, t, 1.0)
+        ops.self_attention(q, self_k, self_v, None, layers, t, 1.0)
+    with pytest.raises(RuntimeError, match="ancestry row out of range"):
+        ops.self_attention(q, self_k, self_v, ancestry, 0, t, 1.0)
     with pytest.raises(RuntimeError, match="contiguous float32"):
-        ops.self_attention(q, self_k.transpose(0, 1), self_v, 0, t, 1.0)
+        ops.self_attention(q, self_k.transpose(0, 1), self_v, None, 0, t, 1.0)
 
 
 def test_cross_attention_equals_the_sentence_grid(ops) -> None:
@@ -138,3 +148,37 @@ def test_decoding_falls_back_to_aten_where_the_operators_cannot_be_built(tmp_pat
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip()  # it still translates
     assert "native decode operators unavailable" in out.stderr
+
+
+@torch.no_grad()
+def test_ancestry_cache_steps_like_the_copying_cache(ops, demo_model_dir) -> None:
+    """A cache that keeps K/V in place and reorders an ancestry table (native operators) gives the
+    logits of the copying cache (ATen operators) through beam permutations, an empty grid entry,
+    a dropped sentence and growth past its initial capacity."""
+    from dataclasses import replace
+
+    aten = Translator.load(str(demo_model_dir), speedups=replace(EXACT, native=False))
+    fast = Translator.load(str(demo_model_dir), speedups=EXACT)
+    sources = aten.encode(["Ein Mann fährt Fahrrad.", "Zwei Kinder spielen im Garten am Haus.", "Hallo!"])
+    k, pad = 3, aten.checkpoint.model.config.pad_token_id
+    width = max(len(x) for x in sources)
+    src = torch.tensor([x + [pad] * (width - len(x)) for x in sources])
+    src_mask = src != pad
+    caches = []
+    for t in (aten, fast):
+        model = t.checkpoint.model
+        cache = model.init_cache(model.encode(src, src_mask), src_mask, 2, rows=3 * k)
+        caches.append(cache.select(torch.arange(3).repeat_interleave(k), 0, slots=torch.arange(3 * k), width=k))
+    assert caches[0].ancestry is None and caches[1].ancestry is not None
+    gen = torch.Generator().manual_seed(3)
+    plans = [([2, 2, 0, 4, 3, 3, 8, 6, 7], list(range(9)), None),
+             ([1, 0, 0, 3, 5, 8, 6, 6], [0, 1, 2, 3, 5, 6, 7, 8], None),
+             ([0, 1, 2, 5, 6, 7], [0, 1, 2, 3, 4, 5], torch.tensor([0, 2])),
+             ([5, 4, 3, 2, 1, 0], [0, 1, 2, 3, 4, 5], None)]
+    for step, (keep, slots, sentences) in enumerate(plans):
+        tokens = torch.randint(1, pad, (caches[0].num_rows,), generator=gen)
+        logits = [t.checkpoint.model.decode_step(tokens, step, c) for t, c in zip((aten, fast), caches)]
+        torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=0)
+        caches = [c.select(torch.tensor(keep), step + 1, sentences=sentences, slots=torch.tensor(slots), width=k)
+                  for c in caches]
+    assert caches[1].max_length >= 4 and caches[1].self_k.shape[2] == 3 * k  # grown; K/V rows never moved

@@ -6,11 +6,15 @@
 //                         scan per row; the log-probs are bit-equal to ATen's log_softmax (same
 //                         vectorised max, exp-sum and log as ATen's kernel).
 //   self_attention:      one query per row over the time-major self-attention cache
-//                         (scores, softmax, weighted sum) -> one pass per (row, head).
+//                         (scores, softmax, weighted sum) -> one pass per (row, head); rows may
+//                         read their positions through an ancestry table, so beam reordering
+//                         moves row indices instead of K/V.
 //   cross_attention:     one query per row over its sentence's source K/V (additive mask).
+//   add_layer_norm:      the post-norm residual layer_norm(x + h) in one call.
 // Dimension letters: N rows, V columns, T capacity, L layers, H heads, D head dim, E = H * D,
 // B sentences, S source positions.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -87,22 +91,19 @@ std::tuple<at::Tensor, at::Tensor> row_top_log_softmax(const at::Tensor& logits,
 
 namespace {
 
-// out (D) = softmax(scale * q . K_t) . V_t over t < len, K_t = keys + t * stride (D floats each).
-// Scores go to ``scores`` (len floats).
-inline void attend_one(const float* q, const float* keys, const float* vals, int64_t stride, int64_t len, int64_t d,
-                       float scale, const float* bias, float* scores, float* out) {
+// out (D) = softmax(scale * q . K_t + bias_t) . V_t over t < len; position t's key and value are
+// the D floats at keys[t] and vals[t] (any layout: strided cache, ancestry gather, source K/V).
+inline void attend(const float* q, const float* const* keys, const float* const* vals, const float* bias, int64_t len,
+                   int64_t d, float scale, float* scores, float* out) {
   float max = kNegInf;
   for (int64_t t = 0; t < len; ++t) {
-    const float* key = keys + t * stride;
     Vec acc(0.f);
     int64_t i = 0;
-    for (; i + Vec::size() <= d; i += Vec::size()) acc = at::vec::fmadd(Vec::loadu(q + i), Vec::loadu(key + i), acc);
+    for (; i + Vec::size() <= d; i += Vec::size()) acc = at::vec::fmadd(Vec::loadu(q + i), Vec::loadu(keys[t] + i), acc);
     float s = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc);
-    for (; i < d; ++i) s += q[i] * key[i];
-    s *= scale;
-    if (bias) s += bias[t];
-    scores[t] = s;
-    max = std::max(max, s);
+    for (; i < d; ++i) s += q[i] * keys[t][i];
+    scores[t] = s * scale + (bias ? bias[t] : 0.f);
+    max = std::max(max, scores[t]);
   }
   float sum = 0.f;
   for (int64_t t = 0; t < len; ++t) {
@@ -113,12 +114,12 @@ inline void attend_one(const float* q, const float* keys, const float* vals, int
   int64_t i = 0;
   for (; i + Vec::size() <= d; i += Vec::size()) {
     Vec acc(0.f);
-    for (int64_t t = 0; t < len; ++t) acc = at::vec::fmadd(Vec(scores[t]), Vec::loadu(vals + t * stride + i), acc);
+    for (int64_t t = 0; t < len; ++t) acc = at::vec::fmadd(Vec(scores[t]), Vec::loadu(vals[t] + i), acc);
     (acc * Vec(inv)).store(out + i);
   }
   for (; i < d; ++i) {
     float acc = 0.f;
-    for (int64_t t = 0; t < len; ++t) acc += scores[t] * vals[t * stride + i];
+    for (int64_t t = 0; t < len; ++t) acc += scores[t] * vals[t][i];
     out[i] = acc * inv;
   }
 }
@@ -130,28 +131,48 @@ void check_query(const at::Tensor& q, int64_t e) {
 
 }  // namespace
 
-// Self-attention of one step: q (N, E) (any row stride), cache_k / cache_v (T, L, N, H, D)
-// contiguous float32, positions [0, length) of ``layer`` -> (N, E), heads merged.
-at::Tensor self_attention(const at::Tensor& q, const at::Tensor& cache_k, const at::Tensor& cache_v, int64_t layer,
-                          int64_t length, double scale) {
+// Self-attention of one step: q (N, E) (any row stride), cache_k / cache_v (T, L, R, H, D)
+// contiguous float32 (R >= N cache rows), positions [0, length) of ``layer`` -> (N, E), heads
+// merged. ``ancestry`` (T', N) int64 contiguous, T' >= length: row n's position t is cache row
+// ancestry[t, n] (beam reordering without moving K/V); undefined: row n is cache row n (R == N).
+at::Tensor self_attention(const at::Tensor& q, const at::Tensor& cache_k, const at::Tensor& cache_v,
+                          const c10::optional<at::Tensor>& ancestry, int64_t layer, int64_t length, double scale) {
   TORCH_CHECK(cache_k.dim() == 5 && cache_k.is_contiguous() && cache_v.is_contiguous() &&
               cache_k.sizes() == cache_v.sizes() && cache_k.scalar_type() == at::kFloat && cache_v.scalar_type() == at::kFloat,
-              "self_attention: caches must be contiguous float32 (T, L, N, H, D)");
-  const int64_t l = cache_k.size(1), n = cache_k.size(2), h = cache_k.size(3), d = cache_k.size(4);
-  TORCH_CHECK(layer >= 0 && layer < l && length >= 1 && length <= cache_k.size(0) && q.size(0) == n,
-              "self_attention: layer, length or rows out of range");
+              "self_attention: caches must be contiguous float32 (T, L, R, H, D)");
+  const int64_t l = cache_k.size(1), r = cache_k.size(2), h = cache_k.size(3), d = cache_k.size(4);
+  const int64_t n = q.size(0);
+  TORCH_CHECK(layer >= 0 && layer < l && length >= 1 && length <= cache_k.size(0),
+              "self_attention: layer or length out of range");
+  const bool by_ancestry = ancestry.has_value() && ancestry->defined();
+  const int64_t* anc = nullptr;
+  if (by_ancestry) {
+    TORCH_CHECK(ancestry->dim() == 2 && ancestry->scalar_type() == at::kLong && ancestry->is_contiguous() &&
+                ancestry->size(0) >= length && ancestry->size(1) == n,
+                "self_attention: ancestry must be a contiguous int64 (T, N) tensor covering the length");
+    anc = ancestry->data_ptr<int64_t>();
+    const int64_t cells = length * n;
+    for (int64_t c = 0; c < cells; ++c) TORCH_CHECK(anc[c] >= 0 && anc[c] < r, "self_attention: ancestry row out of range");
+  } else {
+    TORCH_CHECK(n == r, "self_attention: rows out of range");
+  }
   check_query(q, h * d);
   auto out = at::empty({n, h * d}, q.options().memory_format(at::MemoryFormat::Contiguous));
   const float *qp = q.data_ptr<float>(), *kp = cache_k.data_ptr<float>(), *vp = cache_v.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const int64_t stride = l * n * h * d, q_stride = q.stride(0);
+  const int64_t step = l * r * h * d, q_stride = q.stride(0);
   at::parallel_for(0, n * h, std::max<int64_t>(1, 4096 / (length * d)), [&](int64_t begin, int64_t end) {
     std::vector<float> scores(length);
+    std::vector<const float*> keys(length), vals(length);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t row = task / h, head = task % h;
-      const int64_t at = ((layer * n + row) * h + head) * d;
-      attend_one(qp + row * q_stride + head * d, kp + at, vp + at, stride, length, d, static_cast<float>(scale),
-                 nullptr, scores.data(), op + row * h * d + head * d);
+      for (int64_t t = 0; t < length; ++t) {
+        const int64_t at = t * step + ((layer * r + (by_ancestry ? anc[t * n + row] : row)) * h + head) * d;
+        keys[t] = kp + at;
+        vals[t] = vp + at;
+      }
+      attend(qp + row * q_stride + head * d, keys.data(), vals.data(), nullptr, length, d, static_cast<float>(scale),
+             scores.data(), op + row * h * d + head * d);
     }
   });
   return out;
@@ -182,19 +203,66 @@ at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& cross_k, const
   const int64_t q_stride = q.stride(0);
   at::parallel_for(0, n * h, std::max<int64_t>(1, 4096 / (s * d)), [&](int64_t begin, int64_t end) {
     std::vector<float> scores(s);
+    std::vector<const float*> keys(s), vals(s);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t row = task / h, head = task % h, j = sp[row];
       const int64_t at = (j * h + head) * s * d;
-      attend_one(qp + row * q_stride + head * d, kp + at, vp + at, d, s, d, static_cast<float>(scale),
-                 bp + (j * h + head) * s, scores.data(), op + row * h * d + head * d);
+      for (int64_t t = 0; t < s; ++t) {
+        keys[t] = kp + at + t * d;
+        vals[t] = vp + at + t * d;
+      }
+      attend(qp + row * q_stride + head * d, keys.data(), vals.data(), bp + (j * h + head) * s, s, d,
+             static_cast<float>(scale), scores.data(), op + row * h * d + head * d);
     }
   });
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("vector_width", [] { return static_cast<int64_t>(Vec::size()); }, "floats per vector register this build uses");
-  m.def("row_top_log_softmax", &row_top_log_softmax, "per-row top-k of log_softmax, one column skipped");
-  m.def("self_attention", &self_attention, "one-query attention over the time-major self-attention cache");
-  m.def("cross_attention", &cross_attention, "one-query attention over each row's sentence's source K/V");
+// Post-norm residual of one step: layer_norm(x + h) over the last dim. x, h (N, E) float32
+// contiguous; weight, bias (E,) -> (N, E). One pass pair per row instead of an add and a norm.
+at::Tensor add_layer_norm(const at::Tensor& x, const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias,
+                          double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.sizes() == h.sizes() && x.is_contiguous() && h.is_contiguous() &&
+              x.scalar_type() == at::kFloat && h.scalar_type() == at::kFloat,
+              "add_layer_norm: x and h must be contiguous float32 (N, E) tensors of one shape");
+  const int64_t n = x.size(0), e = x.size(1);
+  TORCH_CHECK(weight.numel() == e && bias.numel() == e && weight.is_contiguous() && bias.is_contiguous() &&
+              weight.scalar_type() == at::kFloat && bias.scalar_type() == at::kFloat,
+              "add_layer_norm: weight and bias must be contiguous float32 (E,)");
+  auto out = at::empty_like(x);
+  const float *xp = x.data_ptr<float>(), *hp = h.data_ptr<float>(), *wp = weight.data_ptr<float>(), *bp = bias.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, n, std::max<int64_t>(1, 16384 / std::max<int64_t>(e, 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* y = op + r * e;
+      at::vec::map2([](Vec a, Vec b) { return a + b; }, y, xp + r * e, hp + r * e, e);
+      const float mean = at::vec::reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, y, e) / e;
+      const float var = at::vec::map_reduce_all<float>([mean](Vec a) { return (a - Vec(mean)) * (a - Vec(mean)); },
+                                                       [](Vec a, Vec b) { return a + b; }, y, e) / e;
+      const float rstd = 1.f / std::sqrt(var + static_cast<float>(eps));
+      at::vec::map3([mean, rstd](Vec a, Vec w, Vec b) { return (a - Vec(mean)) * Vec(rstd) * w + b; }, y, y, wp, bp, e);
+    }
+  });
+  return out;
+}
+
+int64_t vector_width() { return Vec::size(); }
+
+// Registered as torch operators (torch.ops.raymt.*): the dispatcher and the profiler see them
+// like ATen's ("raymt::self_attention" in a trace and in jobs.bench --profile).
+TORCH_LIBRARY(raymt, m) {
+  m.def("vector_width() -> int", &vector_width);  // floats per vector register this build uses
+  m.def("row_top_log_softmax(Tensor logits, int k, int skip) -> (Tensor, Tensor)");
+  m.def("self_attention(Tensor q, Tensor cache_k, Tensor cache_v, Tensor? ancestry, int layer, int length, float scale)"
+        " -> Tensor");
+  m.def("cross_attention(Tensor q, Tensor cross_k, Tensor cross_v, int layer, Tensor bias, Tensor sentence, float scale)"
+        " -> Tensor");
+  m.def("add_layer_norm(Tensor x, Tensor h, Tensor weight, Tensor bias, float eps) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(raymt, CPU, m) {
+  m.impl("row_top_log_softmax", &row_top_log_softmax);
+  m.impl("self_attention", &self_attention);
+  m.impl("cross_attention", &cross_attention);
+  m.impl("add_layer_norm", &add_layer_norm);
 }
