@@ -226,16 +226,16 @@ class Decoder(nn.Module):
             cache.ancestry[t - 1] = torch.arange(n)
         for i, layer in enumerate(self.layers):
             sa = layer.self_attn
-            q, k, v = sa.step_qkv(x)  # (N, E), (N, H, D), (N, H, D)
-            if shared:
-                cache.self_k[t - 1, i, :n], cache.self_v[t - 1, i, :n] = k, v
+            if native is not None and sa.qkv_proj is not None:  # K/V written and attended in one call
+                h = native.self_attention_step(sa.qkv_proj(x), cache.self_k, cache.self_v, cache.ancestry, i, t,
+                                               sa.head_dim ** -0.5)  # (N, E)
             else:
-                cache.self_k[positions, i, rows], cache.self_v[positions, i, rows] = k, v
-            if native is not None:  # one fused pass per (row, head) over the cache
-                h = native.self_attention(q, cache.self_k, cache.self_v, cache.ancestry, i, t, sa.head_dim ** -0.5)
-            else:
-                keys, values = cache.self_k[:t, i].permute(1, 2, 0, 3), cache.self_v[:t, i].permute(1, 2, 0, 3)  # (N, H, T, D)
-                h = cached_attention(sa.heads(q), keys, values, self_mask).view(n, -1)  # (N, H, 1, D) -> (N, E)
+                q, k, v = sa.step_qkv(x)  # (N, E), (N, H, D), (N, H, D)
+                if shared:
+                    cache.self_k[t - 1, i, :n], cache.self_v[t - 1, i, :n] = k, v
+                else:
+                    cache.self_k[positions, i, rows], cache.self_v[positions, i, rows] = k, v
+                h = _self_attention(sa, q, cache, i, t, self_mask, native)
             x = _add_norm(layer.self_attn_layer_norm, x, sa.out_proj(h), native)
             ca = layer.encoder_attn
             h = cross_attention(ca.q_proj(x), cache, i, native)  # (N, E): each sentence's beams together
@@ -245,6 +245,15 @@ class Decoder(nn.Module):
             else:
                 x = _add_norm(layer.final_layer_norm, x, layer.fc2(layer.act(layer.fc1(x))), native)
         return x
+
+
+def _self_attention(sa: Attention, q: Tensor, cache: DecoderCache, layer: int, t: int, mask: Tensor | None,
+                    native) -> Tensor:
+    """q (N, E) over the first ``t`` cached positions of ``layer`` -> (N, E), heads merged."""
+    if native is not None:  # one fused pass per (row, head) over the cache
+        return native.self_attention(q, cache.self_k, cache.self_v, cache.ancestry, layer, t, sa.head_dim ** -0.5)
+    keys, values = cache.self_k[:t, layer].permute(1, 2, 0, 3), cache.self_v[:t, layer].permute(1, 2, 0, 3)  # (N, H, T, D)
+    return cached_attention(sa.heads(q), keys, values, mask).view(q.shape[0], -1)  # (N, H, 1, D) -> (N, E)
 
 
 def _add_norm(norm: nn.LayerNorm, x: Tensor, h: Tensor, native) -> Tensor:

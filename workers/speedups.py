@@ -107,7 +107,7 @@ class PackedLinear(nn.Module):
         return cls(linear.weight, linear.bias, post_op)
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.post_op, [], "")
+        return torch.ops.mkldnn._linear_pointwise.default(x, self.packed, self.bias, self.post_op, [], "")
 
 
 def fuse_qkv(model: MarianModel) -> None:
@@ -176,7 +176,8 @@ class Int8Linear(nn.Module):
         return cls(packed, weight.shape[1], weight.shape[0])
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.quantized.linear_dynamic(x, self.packed, True)
+        # the overload itself: the op packet would first search the arguments for fake script objects
+        return torch.ops.quantized.linear_dynamic.default(x, self.packed, True)
 
 
 def _lean_int8(root: nn.Module) -> None:

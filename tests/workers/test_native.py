@@ -182,3 +182,20 @@ def test_ancestry_cache_steps_like_the_copying_cache(ops, demo_model_dir) -> Non
         caches = [c.select(torch.tensor(keep), step + 1, sentences=sentences, slots=torch.tensor(slots), width=k)
                   for c in caches]
     assert caches[1].max_length >= 4 and caches[1].self_k.shape[2] == 3 * k  # grown; K/V rows never moved
+
+
+def test_self_attention_step_writes_the_rows_then_attends(ops) -> None:
+    gen = torch.Generator().manual_seed(9)
+    cap, layers, r, n, h, d, t = 8, 2, 10, 6, 4, 8, 5
+    self_k, self_v = torch.randn(cap, layers, r, h, d, generator=gen), torch.randn(cap, layers, r, h, d, generator=gen)
+    ancestry = torch.randint(0, r, (cap, n), generator=gen)
+    ancestry[t - 1] = torch.arange(n)  # this step's position: row n's own cache row
+    qkv = torch.randn(n, 3 * h * d + 5, generator=gen)[:, : 3 * h * d]  # strided rows
+    k_ref, v_ref = self_k.clone(), self_v.clone()
+    k_ref[t - 1, 1, :n] = qkv[:, h * d: 2 * h * d].view(n, h, d)
+    v_ref[t - 1, 1, :n] = qkv[:, 2 * h * d:].view(n, h, d)
+    out = ops.self_attention_step(qkv, self_k, self_v, ancestry, 1, t, d ** -0.5)
+    assert torch.equal(self_k, k_ref) and torch.equal(self_v, v_ref)  # only (t - 1, layer 1, rows :n) written
+    assert torch.equal(out, ops.self_attention(qkv[:, : h * d], k_ref, v_ref, ancestry, 1, t, d ** -0.5))
+    with pytest.raises(RuntimeError, match="qkv must be"):
+        ops.self_attention_step(qkv[:, : 2 * h * d], self_k, self_v, ancestry, 1, t, 1.0)

@@ -178,6 +178,30 @@ at::Tensor self_attention(const at::Tensor& q, const at::Tensor& cache_k, const 
   return out;
 }
 
+// Self-attention of one step from the fused projection: qkv (N, 3E) (unit column stride). Writes
+// each row's k and v at position length - 1 of ``layer``, cache row n for row n, then attends as
+// self_attention with q = qkv[:, :E]: one call instead of a split, two reshapes and two writes.
+at::Tensor self_attention_step(const at::Tensor& qkv, const at::Tensor& cache_k, const at::Tensor& cache_v,
+                               const c10::optional<at::Tensor>& ancestry, int64_t layer, int64_t length, double scale) {
+  TORCH_CHECK(cache_k.dim() == 5 && cache_k.is_contiguous() && cache_v.is_contiguous() &&
+              cache_k.sizes() == cache_v.sizes() && cache_k.scalar_type() == at::kFloat && cache_v.scalar_type() == at::kFloat,
+              "self_attention: caches must be contiguous float32 (T, L, R, H, D)");
+  const int64_t l = cache_k.size(1), r = cache_k.size(2), e = cache_k.size(3) * cache_k.size(4);
+  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.stride(1) == 1 && qkv.size(1) == 3 * e,
+              "self_attention_step: qkv must be a float32 (N, 3E) tensor with unit column stride");
+  const int64_t n = qkv.size(0);
+  TORCH_CHECK(layer >= 0 && layer < l && length >= 1 && length <= cache_k.size(0) && n <= r,
+              "self_attention: layer, length or rows out of range");
+  const int64_t at = ((length - 1) * l + layer) * r * e, stride = qkv.stride(0);
+  const float* src = qkv.data_ptr<float>();
+  float *kd = cache_k.data_ptr<float>() + at, *vd = cache_v.data_ptr<float>() + at;
+  for (int64_t row = 0; row < n; ++row) {
+    std::copy_n(src + row * stride + e, e, kd + row * e);
+    std::copy_n(src + row * stride + 2 * e, e, vd + row * e);
+  }
+  return self_attention(qkv.narrow(1, 0, e), cache_k, cache_v, ancestry, layer, length, scale);
+}
+
 // Cross-attention of one step: q (N, E) (any row stride); cross_k / cross_v (L, B, H, S, D)
 // contiguous float32; bias (B, H, 1, S) additive mask (0 or -inf); sentence (N,) int64: each
 // row's sentence -> (N, E), heads merged.
@@ -257,6 +281,8 @@ TORCH_LIBRARY(raymt, m) {
         " -> Tensor");
   m.def("cross_attention(Tensor q, Tensor cross_k, Tensor cross_v, int layer, Tensor bias, Tensor sentence, float scale)"
         " -> Tensor");
+  m.def("self_attention_step(Tensor qkv, Tensor(a!) cache_k, Tensor(b!) cache_v, Tensor? ancestry, int layer, int length,"
+        " float scale) -> Tensor");
   m.def("add_layer_norm(Tensor x, Tensor h, Tensor weight, Tensor bias, float eps) -> Tensor");
 }
 
@@ -264,5 +290,6 @@ TORCH_LIBRARY_IMPL(raymt, CPU, m) {
   m.impl("row_top_log_softmax", &row_top_log_softmax);
   m.impl("self_attention", &self_attention);
   m.impl("cross_attention", &cross_attention);
+  m.impl("self_attention_step", &self_attention_step);
   m.impl("add_layer_norm", &add_layer_norm);
 }
