@@ -28,6 +28,7 @@ class DecoderCache:
     demand (``reserve``), so a batch pays for the length it reaches, not for its length cap.
     Positions no row has written yet are zero: a row behind the furthest one reads them under its
     mask, so they must be finite (masked NaN/inf garbage would still poison the attention output).
+    (With ``ancestry`` every row is at one position and reads only written positions: no zeroing.)
 
     ancestry: (T_cap, N) int64 or None. When set (the native operators' layout, ``Decoder.init_cache``
     with ``rows``), self_k/self_v hold R >= N rows that never move: row n's position t is cache row
