@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-decoders", type=int, help="autoscaling pool: at most this many decoder actors")
     g.add_argument("--encoders", type=int, default=1, help="encoder (tokeniser) actors; 0: decoders tokenise")
     g.add_argument("--cpus-per-decoder", type=float, default=0, help="CPUs reserved per decoder (0: --threads)")
-    g.add_argument("--gpus-per-decoder", type=float, default=0)
+    g.add_argument("--gpus-per-decoder", type=float, default=0,
+                   help="GPUs reserved per decoder actor (placement only for now: decoding runs on the CPU)")
     g.add_argument("--skip-corrupt", action="store_true",
                    help="an unreadable Parquet file is skipped (reported) and a unit whose rows cannot be read "
                         "is written as rows with status 'unreadable', instead of failing the job")

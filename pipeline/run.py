@@ -160,6 +160,9 @@ class _Driver:
         self.cfg, self.result, self.store, self.todo, self.start = cfg, result, store, todo, start
         resources = ray.cluster_resources()
         lo, hi, cpus, gpus = _decoder_pool(cfg, resources.get("CPU", 1), resources.get("GPU", 0))
+        if gpus:  # say so rather than let reserved GPUs sit idle unnoticed
+            logger.warning("--gpus-per-decoder %s reserves GPUs for placement only: decoding runs on the CPU "
+                           "(the CUDA decode path is not built yet)", gpus)
         self.pool = Pool(lo, hi, max_attempts=cfg.max_attempts)
         # Ray restarts a dead decoder actor (max_restarts=-1); its lost items come back to the driver
         # as errors (max_task_retries=0) and are sent again as raw units, counted per unit.
