@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from workers import native
+from workers.native import load as load_native
 from workers.model import MarianModel
 
 logger = logging.getLogger(__name__)
@@ -213,7 +213,7 @@ def apply_speedups(model: MarianModel, opts: CpuSpeedups) -> MarianModel:
     if opts.int8:
         quantize_int8(model)
     if opts.native and next(model.parameters()).device.type == "cpu":
-        model.native = model.model.decoder.native = native.load()  # None (ATen path) where it cannot be built
+        model.native = model.model.decoder.native = load_native()  # None (ATen path) where it cannot be built
     if opts.onednn and next(model.parameters()).device.type == "cpu":
         if onednn_available():
             pack_onednn(model)

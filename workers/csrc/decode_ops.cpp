@@ -1,4 +1,4 @@
-// Fused CPU operators of one decoding step (workers/fused.py builds and loads this file).
+// Fused CPU operators of one decoding step (workers/native.py builds and loads this file).
 //
 // Each replaces a chain of small ATen calls whose per-call overhead, not arithmetic, dominated the
 // step at decoding shapes (N = 32..160 rows, H = 4..16 heads, t, S = 10..100 positions):
@@ -8,7 +8,8 @@
 //   self_attention:      one query per row over the time-major self-attention cache
 //                         (scores, softmax, weighted sum) -> one pass per (row, head); rows may
 //                         read their positions through an ancestry table, so beam reordering
-//                         moves row indices instead of K/V.
+//                         moves row indices instead of K/V; self_attention_step also writes
+//                         the step's K/V from the fused QKV output first.
 //   cross_attention:     one query per row over its sentence's source K/V (additive mask).
 //   add_layer_norm:      the post-norm residual layer_norm(x + h) in one call.
 // Dimension letters: N rows, V columns, T capacity, L layers, H heads, D head dim, E = H * D,
@@ -76,9 +77,8 @@ std::tuple<at::Tensor, at::Tensor> row_top_log_softmax(const at::Tensor& logits,
       }
       for (; j < v; ++j)
         if (j != skip) insert_top(x[j], j, best, where, k);
-      float max = best[0];
+      float max = best[0];  // the row maximum: the best kept column or the skipped one (NaN if that is NaN)
       if (skip >= 0 && skip < v && !(x[skip] <= max)) max = x[skip];
-      if (std::isnan(max)) max = at::vec::reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, x, v);
       // ATen's log_softmax: sum of exp(x - max), vectorised log, then x - max - log(sum)
       float sum = at::vec::map_reduce_all<float>([max](Vec a) { return (a - Vec(max)).exp(); },
                                                  [](Vec a, Vec b) { return a + b; }, x, v);
