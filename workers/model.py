@@ -176,7 +176,7 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
         self.dropout = cfg.dropout
-        self.native = None  # fused attention operators (workers/native.py), set by workers/speedups.py
+        self.native = None  # fused step operators (workers/native.py), set by workers/speedups.py
 
     def forward(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced. tgt_ids (B, T) -> hidden (B, T, E)."""
@@ -289,9 +289,14 @@ class MarianModel(nn.Module):
         self.register_buffer("final_logits_bias", torch.zeros(1, cfg.decoder_vocab_size))
         self.vocab_head: nn.Module | None = None  # faster full-vocabulary output layer (workers/speedups.py)
         self.pack_head = None  # (weight (C, E), bias) -> module: a faster shortlist head (workers/speedups.py)
-        self.native = None  # fused output-step and attention operators (workers/native.py, workers/speedups.py)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.decoder.embed_tokens.weight
+
+    @property
+    def native(self):
+        """The fused step operators (workers/native.py) or None; the decoder holds them, the search
+        steps read them here."""
+        return self.model.decoder.native
 
     def encode(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
         """src_ids (B, S), src_mask (B, S) bool -> memory (B, S, E)."""

@@ -213,7 +213,7 @@ def apply_speedups(model: MarianModel, opts: CpuSpeedups) -> MarianModel:
     if opts.int8:
         quantize_int8(model)
     if opts.native and next(model.parameters()).device.type == "cpu":
-        model.native = model.model.decoder.native = load_native()  # None (ATen path) where it cannot be built
+        model.model.decoder.native = load_native()  # None (ATen path) where it cannot be built
     if opts.onednn and next(model.parameters()).device.type == "cpu":
         if onednn_available():
             pack_onednn(model)
