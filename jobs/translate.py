@@ -5,15 +5,19 @@
         --input s3://bucket/corpus/ --output s3://bucket/out/ --evaluate --reference-column ref
 
 Runs on the cluster at ``RAY_ADDRESS`` (or the job's cluster under ``ray job submit``), else on a
-local one. ``--in-process`` skips Ray and decodes in this process (small inputs, debugging).
+local one; a small job (``--local-rows``, default 1000) with no cluster address, or any job with
+``--in-process``, runs the same worker code in this process without starting Ray.
 
 ``--input``: ``.txt`` (one sentence a line), a ``.parquet`` file, or a directory of them (columns
 ``--text-column``, optional ``--id-column`` / ``--reference-column``). ``--output``: a directory
 (one Parquet part per work unit: id, row, source, translation, score, nbest, status, reason,
-signature; ``_manifest/``, ``_stats/``, ``_SUCCESS``), or a ``.txt`` / ``.parquet`` file assembled
-from the parts kept in ``<output>.parts/``. Rerunning the same command resumes: committed units are
-skipped. Paths may be local or fsspec URLs (``s3://``; endpoint and credentials from the AWS
-environment variables).
+signature; ``_manifest/``, ``_stats/``, ``_PLAN.json``, ``_SUCCESS``) when the path ends in ``/``,
+is an existing directory or has no file extension; otherwise one file assembled from the parts
+kept in ``<output>.parts/``: Parquet for ``.parquet``, text (a line per input row) for any other
+extension (``.txt``, ``.en``, ...). Rerunning the same command resumes: committed units are
+skipped; a rerun with another input, model, search or ``--unit-rows`` is refused (``--restart``
+discards the old output). Paths may be local or fsspec URLs (``s3://``; endpoint and credentials
+from the AWS environment variables).
 """
 from __future__ import annotations
 
@@ -27,13 +31,16 @@ import fsspec
 import pyarrow.parquet as pq
 
 from pipeline.actors import DecoderSettings
-from pipeline.corpus import read_corpus, write_translations
+from pipeline.dispatch import Health
+from pipeline.driver import DecodersUnavailable
+from pipeline.ledger import OutputBusy, PlanMismatch
+from pipeline.model_check import ModelError
 from pipeline.reports import markdown_table
 from pipeline.run import PipelineConfig, UnitsFailed, actor_table, run_pipeline
 from pipeline.shortlists import load_shortlist
 from pipeline.sink import OutputStore
-from pipeline.storage import model_reader, storage_options
-from pipeline.units import Columns
+from pipeline.storage import storage_options
+from pipeline.units import Columns, InputError
 from workers.config import FAST_PRUNING, PruningConfig, SearchConfig
 from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from workers.speedups import EXACT, CpuSpeedups
@@ -85,7 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per decoder (0: all cores "
                    "in-process, 2 per decoder actor on Ray)")
     g = p.add_argument_group("Ray pipeline")
-    g.add_argument("--in-process", action="store_true", help="no Ray: decode in this process")
+    g.add_argument("--in-process", action="store_true", help="no Ray: decode in this process (same worker code)")
+    g.add_argument("--local-rows", type=int, default=1000,
+                   help="with no cluster address (RAY_ADDRESS), inputs of at most this many rows are decoded in "
+                        "this process instead of starting Ray (0: always Ray)")
+    g.add_argument("--restart", action="store_true",
+                   help="the output was started by another plan (input, model, search, --unit-rows): discard its "
+                        "parts and translate afresh instead of refusing")
+    g.add_argument("--decoder-wait", type=float, default=600.0,
+                   help="seconds the job waits with no decoder actor ready (cluster full, GPUs missing, actors "
+                        "crashing) before it fails naming the units left; rerunning resumes")
+    g.add_argument("--stall-timeout", type=float, default=1800.0,
+                   help="a decoder actor with work that returns nothing for this many seconds is killed and "
+                        "restarted; its units are sent again")
     g.add_argument("--text-column", default="text")
     g.add_argument("--id-column", help="default: 'id' when present, else the row number")
     g.add_argument("--reference-column", help="references for --evaluate")
@@ -145,32 +164,21 @@ def signature(args: argparse.Namespace, cfg: SearchConfig) -> str:
         "|int8" if args.int8 else "") + ("|bf16" if args.bf16 else "")
 
 
-def run_in_process(args: argparse.Namespace, cfg: SearchConfig) -> None:
-    corpus = read_corpus(args.input, text_column=args.text_column, id_column=args.id_column or "id")
-    translator = Translator.load(model_reader(args.model), threads=args.threads or None,
-                                 max_batch_size=args.max_batch_size, speedups=speedups_of(args))
-    shortlist = load_shortlist_for(args, translator)
-    if args.tune_batch:
-        translator.tune_batches(cfg)
-    start = time.perf_counter()
-    translations = translator.translate(corpus.texts, cfg, shortlist, scheduler_config(args))
-    elapsed = time.perf_counter() - start
-    write_translations(args.output, corpus, translations, signature(args, cfg))
-    tokens = translator.stats.target_tokens
-    print(f"translated {len(corpus.texts)} lines -> {args.output} in {elapsed:.1f}s "
-          f"({tokens / max(elapsed, 1e-9):.0f} target tokens/s) [{signature(args, cfg)}]")
-    if translator.shortlist_sizes:
-        sizes = translator.shortlist_sizes
-        print(f"shortlist: {sum(sizes) / len(sizes):.0f} candidates per batch on average (max {max(sizes)})")
-    if translator.tuner:
-        print(f"tuned batch size: {translator.tuner.size} (cap {translator.tuner.cap})")
+def single_file(url: str) -> bool:
+    """Whether ``--output`` names one file (assembled from parts) rather than a directory of parts."""
+    if url.endswith("/"):
+        return False
+    fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
+    if fs.isdir(path):
+        return False
+    return "." in path.rstrip("/").rsplit("/", 1)[-1].lstrip(".")
 
 
 def pipeline_config(args: argparse.Namespace, cfg: SearchConfig) -> PipelineConfig:
-    single_file = args.output.endswith((".txt", ".parquet"))
+    one_file = single_file(args.output)
     settings = DecoderSettings(
-        model=local_path(args.model), output=local_path(args.output + ".parts" if single_file else args.output),
-        search=cfg, batching=scheduler_config(args), signature=signature(args, cfg), threads=args.threads or 2,
+        model=local_path(args.model), output=local_path(args.output + ".parts" if one_file else args.output),
+        search=cfg, batching=scheduler_config(args), signature=signature(args, cfg), threads=args.threads,
         max_batch_size=args.max_batch_size, shortlist=args.shortlist and local_path(args.shortlist),
         shortlist_m=args.shortlist_m, shortlist_n=args.shortlist_n, evaluate=args.evaluate, tune_batch=args.tune_batch,
         speedups=speedups_of(args))
@@ -180,7 +188,10 @@ def pipeline_config(args: argparse.Namespace, cfg: SearchConfig) -> PipelineConf
     columns = Columns(args.text_column, args.id_column, args.reference_column)
     return PipelineConfig(input=local_path(args.input), columns=columns, decoder=settings, unit_rows=args.unit_rows,
                           decoders=decoders, encoders=args.encoders, cpus_per_decoder=args.cpus_per_decoder,
-                          gpus_per_decoder=args.gpus_per_decoder, skip_corrupt=args.skip_corrupt)
+                          gpus_per_decoder=args.gpus_per_decoder, skip_corrupt=args.skip_corrupt,
+                          restart=args.restart, local_rows=2**62 if args.in_process else args.local_rows,
+                          in_process=args.in_process,
+                          health=Health(decoder_wait_s=args.decoder_wait, stall_timeout_s=args.stall_timeout))
 
 
 def local_path(url: str) -> str:
@@ -189,20 +200,25 @@ def local_path(url: str) -> str:
         else os.path.abspath(url)
 
 
-def run_on_ray(args: argparse.Namespace, cfg: SearchConfig) -> None:
+JOB_ERRORS = (InputError, ModelError, PlanMismatch, OutputBusy, DecodersUnavailable, UnitsFailed)
+
+
+def run(args: argparse.Namespace, cfg: SearchConfig) -> None:
     if args.evaluate and not args.reference_column:
         raise SystemExit("--evaluate needs --reference-column (a Parquet input with references)")
     pc = pipeline_config(args, cfg)
+    start = time.perf_counter()
     try:
         result = run_pipeline(pc)
-    except UnitsFailed as e:
-        raise SystemExit(f"error: {e}") from e
+    except JOB_ERRORS as e:
+        raise SystemExit(f"error: {e}") from None
     store = OutputStore(pc.decoder.output)
     if pc.decoder.output != local_path(args.output):
         assemble(store, args.output)
+    decode = f"decoding {result.decode_tokens_per_second:.0f} target tokens/s per decoder, " if result.stats else ""
     print(f"translated {result.rows} rows in {result.units} units ({result.skipped_units} already committed) "
-          f"-> {args.output} in {result.seconds:.1f}s ({result.tokens_per_second:.0f} target tokens/s) "
-          f"[{pc.decoder.signature}]")
+          f"-> {args.output} in {time.perf_counter() - start:.1f}s end to end, {result.where} ({decode}"
+          f"{result.tokens_per_second:.0f} end to end) [{pc.decoder.signature}]")
     for path, reason in result.skipped_files:
         print(f"skipped corrupt file {path}: {reason}")
     for unit, reason in result.unreadable.items():
@@ -220,6 +236,9 @@ def run_on_ray(args: argparse.Namespace, cfg: SearchConfig) -> None:
 def assemble(store: OutputStore, url: str) -> None:
     """One ``.txt`` (translations in input order) or ``.parquet`` file from the committed parts."""
     table = store.read()
+    fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
+    if "/" in path.rstrip("/"):
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     if url.endswith(".parquet"):
         with fsspec.open(url, "wb", **storage_options(url)) as f:
             pq.write_table(table, f)
@@ -233,10 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = search_config(args)
-    if args.in_process:
-        run_in_process(args, cfg)
-    else:
-        run_on_ray(args, cfg)
+    run(args, cfg)
 
 
 if __name__ == "__main__":

@@ -214,18 +214,29 @@ class DecoderWorker:
         }
 
 
-def _node_id() -> str:
+def _in_ray() -> bool:
+    """Whether this process is a Ray worker or driver (never starts Ray: the in-process route must not)."""
     try:
         import ray
-        return ray.get_runtime_context().get_node_id()
-    except Exception:  # noqa: BLE001 - outside Ray (tests calling the worker in-process)
+        return ray.is_initialized()
+    except ImportError:
+        return False
+
+
+def _node_id() -> str:
+    if not _in_ray():  # the in-process route (a small job, --in-process, tests calling the worker)
         return socket.gethostname()
+    import ray
+    return ray.get_runtime_context().get_node_id()
 
 
 class _Metrics:
     """Ray metrics (Prometheus, dashboard) of a decoder actor; a no-op outside Ray."""
 
     def __init__(self) -> None:
+        self.tokens = None
+        if not _in_ray():
+            return
         try:
             from ray.util import metrics
             keys = ("actor",)

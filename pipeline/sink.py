@@ -7,15 +7,23 @@ Layout under the output directory::
     _stats/<unit>.parquet      the decoder actor's stats row(s) for that unit
     _SUCCESS                   the job summary, once every unit is committed
 
+    _PLAN.json                 what the units were cut from and how they are decoded (pipeline/ledger.py)
+    _LEASE.json                the job writing the output, while it runs (pipeline/ledger.py)
+
 A unit counts only when its marker exists. Part names are fixed by the unit, so a unit retried
-after a crash (actor killed mid-write, driver killed, node lost) overwrites its own part and never
-adds a second copy; readers take only parts that have a marker. A marker is a single small PUT on
-object stores and a write-then-rename on local disk, so a reader never sees half of one.
+after a crash (actor killed mid-write, driver killed, node lost) replaces its own part and never
+adds a second copy; readers take only parts that have a marker. Nothing is rewritten in place:
+every file (part, stats, marker) is a single PUT on object stores, which a reader sees whole or
+not at all, and on local disk a write to a temporary name then an atomic rename, so a reader never
+sees a half-written or empty part. Every part is cast to ``OUTPUT_SCHEMA`` (its extra columns,
+e.g. distillation's, kept after them), so parts from different files always concatenate.
 """
 from __future__ import annotations
 
 import json
 import uuid
+
+from pipeline.ledger import LEASE, PLAN, PlanRecord
 
 import fsspec
 import pyarrow as pa
@@ -47,22 +55,22 @@ class OutputStore:
     def committed(self) -> set[str]:
         """Names of the committed units."""
         folder = self._path("_manifest")
+        self.fs.invalidate_cache(folder)  # object-store listings are cached: other processes commit here
         if not self.fs.exists(folder):
             return set()
         return {p.rsplit("/", 1)[-1][: -len(".json")] for p in self.fs.ls(folder, detail=False) if p.endswith(".json")}
 
     def commit(self, unit: str, table: pa.Table, stats: pa.Table | None, manifest: dict) -> None:
         """Write the unit's part (and stats), then its marker; idempotent for a retried unit."""
-        self.fs.makedirs(self._path("_manifest"), exist_ok=True)
-        with self.fs.open(self._path(f"part-{unit}.parquet"), "wb") as f:
-            pq.write_table(table, f)
+        table = conform(table)
+        self._put(self._path(f"part-{unit}.parquet"), _parquet(table))
         if stats is not None:
-            self.fs.makedirs(self._path("_stats"), exist_ok=True)
-            with self.fs.open(self._path("_stats", f"{unit}.parquet"), "wb") as f:
-                pq.write_table(stats, f)
-        self._put(self._path("_manifest", f"{unit}.json"), json.dumps(manifest).encode())
+            self._put(self._path("_stats", f"{unit}.parquet"), _parquet(stats))
+        self._put(self._path("_manifest", f"{unit}.json"), json.dumps({**manifest, "rows": table.num_rows}).encode())
 
     def _put(self, path: str, data: bytes) -> None:
+        """One whole file: a single PUT on object stores, temp name + atomic rename on local disk."""
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         if "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)):
             tmp = f"{path}.{uuid.uuid4().hex}.tmp"
             with self.fs.open(tmp, "wb") as f:
@@ -71,6 +79,38 @@ class OutputStore:
         else:
             with self.fs.open(path, "wb") as f:
                 f.write(data)
+
+    def rows_committed(self) -> int:
+        """Rows in the committed parts, from their markers (each marker counts its part's rows)."""
+        return sum(int(m.get("rows", 0)) for m in self.manifests())
+
+    def read_plan(self) -> PlanRecord | None:
+        try:
+            return PlanRecord.from_json(self.fs.cat_file(self._path(PLAN)))
+        except FileNotFoundError:
+            return None
+
+    def write_plan(self, plan: PlanRecord) -> None:
+        self._put(self._path(PLAN), plan.to_json())
+
+    def has_output(self) -> bool:
+        """Whether anything of a job is here already (a marker, a part, a plan or a success marker)."""
+        if not self.fs.exists(self.root):
+            return False
+        names = [p.rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)]
+        return any(n in (PLAN, "_SUCCESS", "_manifest") or n.startswith("part-") for n in names)
+
+    def clear(self) -> None:
+        """Remove this output's own files (parts, markers, stats, plan, success), nothing else."""
+        if not self.fs.exists(self.root):
+            return
+        for p in self.fs.ls(self.root, detail=False):
+            name = p.rsplit("/", 1)[-1]
+            if name in ("_manifest", "_stats", "distilled"):
+                self.fs.rm(p, recursive=True)
+            elif name in (PLAN, "_SUCCESS") or (name.startswith("part-") and name.endswith(".parquet")) \
+                    or name.endswith(".tmp") and name != LEASE:
+                self.fs.rm(p)
 
     def manifests(self) -> list[dict]:
         return [json.loads(self.fs.cat_file(self._path("_manifest", f"{u}.json"))) for u in sorted(self.committed())]
@@ -86,13 +126,9 @@ class OutputStore:
 
     def write_table(self, name: str, table: pa.Table) -> None:
         """A derived file under the output (e.g. ``distilled/part-<unit>.parquet``)."""
-        path = self._path(name)
-        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        with self.fs.open(path, "wb") as f:
-            pq.write_table(table, f)
+        self._put(self._path(name), _parquet(table))
 
     def write_bytes(self, name: str, data: bytes) -> None:
-        self.fs.makedirs(self._path(name).rsplit("/", 1)[0], exist_ok=True)
         self._put(self._path(name), data)
 
     def read_stats(self) -> pa.Table | None:
@@ -109,3 +145,20 @@ class OutputStore:
 
     def write_success(self, summary: dict) -> None:
         self._put(self._path("_SUCCESS"), json.dumps(summary, indent=1).encode())
+
+
+def conform(table: pa.Table) -> pa.Table:
+    """``table`` with the OUTPUT_SCHEMA columns first, each cast to its type (ids as strings), extras after."""
+    missing = [f.name for f in OUTPUT_SCHEMA if f.name not in table.column_names]
+    if missing:
+        raise ValueError(f"output part lacks columns {missing}")
+    columns = [table.column(f.name).cast(f.type) for f in OUTPUT_SCHEMA]
+    extra = [n for n in table.column_names if n not in OUTPUT_SCHEMA.names]
+    return pa.table(columns + [table.column(n) for n in extra],
+                    schema=pa.schema(list(OUTPUT_SCHEMA) + [table.schema.field(n) for n in extra]))
+
+
+def _parquet(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()

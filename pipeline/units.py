@@ -3,8 +3,9 @@
 A unit is (file, first row, end row) of one input file; its name is stable across runs, so a
 rerun of the same command finds which units are already committed (``pipeline.sink``) and skips
 them. Parquet files are planned from their footers only (row counts and schemas), so planning a
-corpus of millions of lines reads kilobytes. Rows without an id column get their global row
-number as id; every output row also carries ``row`` (its global position), so input order is
+corpus of millions of lines reads kilobytes. Ids are strings, one type for the whole job: an id
+column's values as text (int ids too), and rows without an id column get their global row number
+as text; every output row also carries ``row`` (its global position), so input order is
 restorable.
 
 Checks made here, before any actor starts: every file's footer is readable (else
@@ -56,6 +57,7 @@ class Plan:
     units: tuple[WorkUnit, ...]
     rows: int
     skipped_files: tuple[tuple[str, str], ...] = ()  # (path, reason) of corrupt files skipped
+    files: tuple[str, ...] = ()  # every input file, in order (zero-row and skipped ones too)
 
 
 def list_inputs(url: str) -> list[str]:
@@ -78,7 +80,8 @@ def plan_units(url: str, columns: Columns, unit_rows: int, *, skip_corrupt: bool
     if unit_rows < 1:
         raise ValueError("unit_rows must be >= 1")
     units, offset, skipped = [], 0, []
-    for index, path in enumerate(list_inputs(url)):
+    files = list_inputs(url)
+    for index, path in enumerate(files):
         if not path.endswith(".parquet"):
             rows, id_column = len(read_text_lines(path)), None
         else:
@@ -95,7 +98,7 @@ def plan_units(url: str, columns: Columns, unit_rows: int, *, skip_corrupt: bool
             stop = min(start + unit_rows, rows)
             units.append(WorkUnit(f"{index:05d}-{start:010d}", path, start, stop, offset + start, id_column))
         offset += rows
-    return Plan(tuple(units), offset, tuple(skipped))
+    return Plan(tuple(units), offset, tuple(skipped), tuple(files))
 
 
 def _footer(path: str) -> tuple[pa.Schema, int]:
@@ -117,14 +120,18 @@ def check_schema(path: str, schema: pa.Schema, columns: Columns) -> str | None:
     for role, name in (("id", columns.id), ("reference", columns.reference)):
         if name is not None and name not in found:
             raise InputError(f"{path}: no {role} column {name!r}; columns found: {found}")
-    if columns.id is not None:
-        return columns.id
-    return "id" if "id" in found else None
+    id_column = columns.id if columns.id is not None else "id" if "id" in found else None
+    if id_column is not None:
+        kind = schema.field(id_column).type
+        if pa.types.is_nested(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+            raise InputError(f"{path}: id column {id_column!r} has type {kind}; ids must be strings or numbers "
+                             f"(they are written as strings)")
+    return id_column
 
 
 @dataclass(frozen=True, slots=True)
 class UnitRows:
-    ids: list
+    ids: list[str | None]
     rows: list[int]
     texts: list  # str | bytes | None
     references: list[str] | None
@@ -135,7 +142,7 @@ def read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
     rows = list(range(unit.offset, unit.offset + unit.stop - unit.start))
     if not unit.path.endswith(".parquet"):
         texts = read_text_lines(unit.path)[unit.start: unit.stop]
-        return UnitRows(rows, rows, texts, None)
+        return UnitRows([str(r) for r in rows], rows, texts, None)
     wanted = [c for c in (columns.text, unit.id_column, columns.reference) if c]
     with fsspec.open(unit.path, "rb", **storage_options(unit.path)) as f:
         pf = pq.ParquetFile(f)
@@ -149,7 +156,8 @@ def read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
         table = pf.read_row_groups(groups, columns=list(dict.fromkeys(wanted)))
     table = table.slice(unit.start - first, unit.stop - unit.start)
     texts = _cells(table.column(columns.text))
-    ids = table.column(unit.id_column).to_pylist() if unit.id_column else rows
+    ids = [None if x is None else str(x) for x in table.column(unit.id_column).to_pylist()] if unit.id_column \
+        else [str(r) for r in rows]
     refs = None
     if columns.reference:
         refs = ["" if r is None else str(r) for r in table.column(columns.reference).to_pylist()]

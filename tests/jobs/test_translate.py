@@ -43,7 +43,7 @@ def test_missing_text_column_names_columns(demo_model_dir, tmp_path):
     src = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"sentence": ["Hallo"]}), src)
     import pytest
-    with pytest.raises(ValueError, match="columns found"):
+    with pytest.raises(SystemExit, match=r"error: .*bad.parquet: no text column 'text'; columns found"):
         main(["--in-process", "--model", str(demo_model_dir), "--input", str(src), "--output", str(tmp_path / "o.txt")])
 
 

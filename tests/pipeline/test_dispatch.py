@@ -1,7 +1,7 @@
 """The driver's decoder-pool bookkeeping, driven event by event without Ray."""
 from __future__ import annotations
 
-from pipeline.dispatch import Pool
+from pipeline.dispatch import Health, Pool, Verdict
 
 
 def test_pool_grows_to_the_work_left_within_its_bounds_and_shrinks_by_idle_actors() -> None:
@@ -56,3 +56,69 @@ def test_a_restarting_actor_gets_nothing_until_ready_again() -> None:
     assert pool.next_actor() is None and pool.size == 1
     pool.became_ready("a")
     assert pool.ready == {"a": 0}
+
+
+def ready_pool(*actors: str, **health) -> Pool:
+    pool = Pool(lo=len(actors), hi=len(actors), health=Health(**health))
+    for a in actors:
+        pool.started(a)
+        pool.became_ready(a)
+    return pool
+
+
+def test_a_death_counts_once_however_many_items_it_lost() -> None:
+    pool = ready_pool("a")
+    pool.sent("a", now=0.0)
+    pool.sent("a", now=0.0)
+    incarnation = pool.incarnation["a"]
+    pool.returned("a", incarnation, now=1.0)
+    assert pool.died("a", incarnation, now=1.0) is True  # the first lost item: a death
+    pool.returned("a", incarnation, now=1.0)
+    assert pool.died("a", incarnation, now=1.0) is False  # its second lost item: the same death
+    assert pool.deaths["a"] == 1 and "a" in pool.down and pool.next_actor() is None
+    assert pool.size == 1  # still counted: no second actor is created while it restarts
+
+
+def test_a_dead_actor_is_probed_with_back_off_then_replaced_after_the_restart_timeout() -> None:
+    pool = ready_pool("a", backoff_s=1.0, max_backoff_s=4.0, restart_timeout_s=20.0)
+    pool.sent("a", now=0.0)
+    pool.died("a", 0, now=0.0)
+    assert pool.probes_due(0.5) == [] and pool.probes_due(1.0) == ["a"]
+    assert pool.probes_due(1.0) == []  # one probe at a time
+    delays, now = [], 1.0
+    for _ in range(4):
+        assert pool.probe_failed("a", now) is Verdict.RETRY
+        delays.append(pool.down["a"].next_probe - now)
+        now = pool.down["a"].next_probe
+        assert pool.probes_due(now) == ["a"]
+    assert delays == [2.0, 4.0, 4.0, 4.0]  # doubled, capped
+    assert pool.probe_failed("a", 20.0) is Verdict.REPLACE  # down for the whole restart timeout
+
+
+def test_a_restarted_actor_comes_back_with_nothing_in_flight_unless_it_died_too_often() -> None:
+    pool = ready_pool("a", max_deaths=2)
+    pool.sent("a", now=0.0)
+    pool.died("a", 0, now=0.0)
+    pool.probes_due(10.0)
+    assert pool.probe_ok("a", now=10.0) is Verdict.RETRY
+    assert pool.ready["a"] == 0 and pool.next_actor() == "a"
+    pool.returned("a", 0, now=11.0)  # a late error of the old incarnation changes nothing
+    assert pool.ready["a"] == 0 and pool.died("a", 0, now=11.0) is False
+    pool.sent("a", now=12.0)
+    assert pool.died("a", 1, now=13.0) is True
+    pool.probes_due(20.0)
+    assert pool.probe_ok("a", now=20.0) is Verdict.REPLACE  # second death: a fresh actor instead
+
+
+def test_stalled_actors_and_the_bound_on_waiting_for_any_decoder() -> None:
+    pool = ready_pool("a", "b", stall_timeout_s=100.0)
+    pool.sent("a", now=0.0)
+    assert pool.stalled(99.0) == [] and pool.stalled(100.0) == ["a"]  # "b" is idle: never stalled
+    pool.returned("a", 0, now=100.0)
+    assert pool.stalled(150.0) == []
+    assert pool.waited_for_decoders(0.0, work_left=5) == 0.0
+    pool.died("a", 0, 0.0) or pool.stopped("a")
+    pool.stopped("b")
+    assert pool.waited_for_decoders(10.0, work_left=5) == 0.0  # the clock starts now
+    assert pool.waited_for_decoders(70.0, work_left=5) == 60.0
+    assert pool.waited_for_decoders(80.0, work_left=0) == 0.0  # nothing left: no wait

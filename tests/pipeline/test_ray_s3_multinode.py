@@ -2,40 +2,15 @@
 ``ray.cluster_utils.Cluster`` with decoder actors placed on both nodes."""
 from __future__ import annotations
 
-import socket
 
-import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from jobs.translate import main
-from pipeline.storage import storage_options
 from tests.pipeline.ray_helpers import clean_corpus, start_ray
 
 pytest.importorskip("moto.server")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    """A moto S3 server on localhost; the AWS variables point s3fs (driver and Ray workers) at it."""
-    from moto.server import ThreadedMotoServer
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    for key, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
-                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(key, value)
-    fs = fsspec.filesystem("s3", **storage_options("s3://"))
-    fs.mkdir("corpus-bucket")
-    yield fs
-    server.stop()
 
 
 def test_s3_input_and_output(s3, demo_model_dir):

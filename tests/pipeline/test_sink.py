@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipeline.sink import OutputStore
+from pipeline.sink import OUTPUT_SCHEMA, OutputStore
 
 
-def part(rows: list[int]) -> pa.Table:
-    return pa.table({"id": [f"s{r}" for r in rows], "row": pa.array(rows, pa.int64()),
-                     "translation": [f"t{r}" for r in rows]})
+def part(rows: list[int], ids: list | None = None) -> pa.Table:
+    n = len(rows)
+    return pa.table({"id": ids if ids is not None else [f"s{r}" for r in rows], "row": pa.array(rows, pa.int64()),
+                     "source": [f"q{r}" for r in rows], "translation": [f"t{r}" for r in rows],
+                     "score": [0.0] * n, "nbest": pa.array([[]] * n, OUTPUT_SCHEMA.field("nbest").type),
+                     "status": ["ok"] * n, "reason": [""] * n, "signature": ["sig"] * n})
 
 
 def test_retried_unit_overwrites_its_part(tmp_path) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 import sys
 
 import pytest
@@ -199,3 +200,26 @@ def test_self_attention_step_writes_the_rows_then_attends(ops) -> None:
     assert torch.equal(out, ops.self_attention(qkv[:, : h * d], k_ref, v_ref, ancestry, 1, t, d ** -0.5))
     with pytest.raises(RuntimeError, match="qkv must be"):
         ops.self_attention_step(qkv[:, : 2 * h * d], self_k, self_v, ancestry, 1, t, 1.0)
+
+
+def test_a_build_killed_midway_never_blocks_a_later_load(tmp_path) -> None:
+    """No lock is shared between processes: a builder SIGKILLed mid-compile (a decoder actor killed while
+    loading) leaves only its private directory, and the next process builds (or loads) without waiting."""
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    probe = "import sys; from workers.native import load; sys.exit(0 if load() is not None else 3)"
+    builder = subprocess.Popen([sys.executable, "-c", probe], env=env, cwd=os.getcwd())
+    deadline = time.time() + 120
+    while not list(tmp_path.glob("raymt/*-build-*/build.ninja")) and time.time() < deadline:
+        if builder.poll() is not None:
+            pytest.skip("the operators could not be built here")
+        time.sleep(0.05)
+    time.sleep(0.5)  # inside the compile
+    builder.kill()
+    builder.wait()
+    assert not list(tmp_path.glob("raymt/*.so")), "killed before its library was in place"
+    (tmp_path / "raymt_decode_ops_avx512").mkdir()
+    (tmp_path / "raymt_decode_ops_avx512" / "lock").touch()  # the old shared layout's stale lock: ignored
+    assert subprocess.run([sys.executable, "-c", probe], env=env, timeout=300).returncode == 0
+    assert len(list(tmp_path.glob("raymt/*.so"))) == 1
+    assert subprocess.run([sys.executable, "-c", probe], env=env, timeout=60).returncode == 0  # loads, no build
+    assert len(list(tmp_path.glob("raymt/*-build-*"))) == 1  # only the killed one's (removed after an hour)

@@ -1,0 +1,316 @@
+"""The driver loop that feeds plain decoder actors, with a bound on every wait.
+
+    loop: scale the pool; probe dead actors (back-off); restart stalled ones;
+          send items (retries first, then encoded blocks) to the least loaded ready actor;
+          wait <= 1 s for a result or a probe; fail if no decoder has been ready for decoder_wait_s
+    then: sweep -- every unit not committed goes again as a raw unit, until committed or out of attempts
+
+Encoded blocks come from Ray Data's encoder pool through a bounded queue filled by a feeder thread,
+so the loop never blocks on the encoder: if the encoder stream fails (its actor killed and Ray Data
+gives up), the loop carries on and the sweep sends the units it did not deliver as raw units
+(decoders tokenise them). Decoder health is ``pipeline.dispatch.Pool``'s (no Ray there): one death
+counted however many items it lost, a restarting actor probed with back-off and replaced after
+``restart_timeout_s``, a stalled one killed so Ray restarts it. Every handle the driver lets go is
+killed first (``no_restart``), so a forgotten actor never holds the cores a replacement needs.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from pipeline.actors import DecoderWorker, EncoderWorker, unit_to_row
+from pipeline.dispatch import Health, Pool, Verdict
+from pipeline.units import WorkUnit
+
+if TYPE_CHECKING:
+    from pipeline.ledger import Lease
+    from pipeline.run import PipelineConfig, PipelineResult
+    from pipeline.sink import OutputStore
+
+logger = logging.getLogger(__name__)
+DRAINED = object()
+
+
+class DecodersUnavailable(RuntimeError):
+    """No decoder actor could be had within ``decoder_wait_s``; rerunning resumes."""
+
+
+class Driver:
+    def __init__(self, cfg: PipelineConfig, result: PipelineResult, store: OutputStore, todo: list[WorkUnit],
+                 start: float, pool_shape: tuple[int, int, float, float], health: Health,
+                 lease: Lease | None = None) -> None:
+        import ray
+        self.cfg, self.result, self.store, self.todo, self.start, self.lease = cfg, result, store, todo, start, lease
+        lo, hi, cpus, gpus = pool_shape
+        self.gpus = gpus
+        self.pool = Pool(lo, hi, max_attempts=cfg.max_attempts, health=health)
+        # Ray restarts a dead decoder actor (max_restarts=-1); its lost items come back to the driver
+        # as errors (max_task_retries=0) and are sent again, counted per unit.
+        self.actor_class = ray.remote(DecoderWorker).options(num_cpus=cpus, num_gpus=gpus or None, max_restarts=-1,
+                                                             max_task_retries=0)
+        self.handles: dict[str, object] = {}
+        self.probes: dict[object, str] = {}  # ready() ref -> actor
+        self.in_flight: dict[object, tuple[str, int, list[WorkUnit]]] = {}  # ref -> (actor, incarnation, raw units)
+        self.retry: deque[WorkUnit] = deque()
+        self.finished_units = 0
+        self.created = self.start_failures = 0
+        self.last_problem = ""
+        self.last_progress = time.monotonic()
+
+    def run(self) -> None:
+        feed = _BlockFeed(self._encoded_blocks, maxsize=2 * max(self.pool.hi, 1) + 2) if self.cfg.encoders \
+            else _ListFeed([[u] for u in self.todo])
+        swept = drained = False
+        try:
+            while True:
+                now = time.monotonic()
+                if self.lease is not None and self.lease.lost:
+                    from pipeline.ledger import OutputBusy
+                    raise OutputBusy(self.lease.lost)
+                self._scale()
+                self._probe_down(now)
+                self._restart_stalled(now)
+                while not drained and (actor := self.pool.next_actor()) is not None:
+                    item = [self.retry.popleft()] if self.retry else feed.next()
+                    if item is None:
+                        break
+                    if item is DRAINED:
+                        drained = True
+                        if feed.error:
+                            logger.warning("the encoder stream stopped (%s): its undelivered units go to the decoders "
+                                           "as raw units", feed.error)
+                        break
+                    self._send(actor, item)
+                while drained and self.retry and (actor := self.pool.next_actor()) is not None:
+                    self._send(actor, [self.retry.popleft()])
+                if drained and not self.in_flight and not self.retry:
+                    if swept:
+                        break
+                    swept = True
+                    self._sweep()
+                    continue
+                self._check_decoders(now)
+                self._wait()
+        finally:
+            feed.close()
+            self._kill_all()
+        self.result.failed = dict(self.pool.failed)
+
+    # -- feeding ----------------------------------------------------------------------------------------
+    def _encoded_blocks(self) -> Iterator[object]:
+        """Ray Data's encoder pool, run ahead of the decoders: object refs of encoded blocks."""
+        import ray
+        from ray.data import ActorPoolStrategy
+        ds = ray.data.from_items([unit_to_row(u) for u in self.todo], override_num_blocks=len(self.todo))
+        ds = ds.map_batches(EncoderWorker, fn_constructor_kwargs={"model": self.cfg.decoder.model,
+                                                                  "columns": self.cfg.columns},
+                            batch_size=1, batch_format="pyarrow", compute=ActorPoolStrategy(size=self.cfg.encoders),
+                            num_cpus=self.cfg.encoder_cpus)
+        for bundle in ds.iter_internal_ref_bundles():
+            yield from bundle.block_refs
+
+    def _sweep(self) -> None:
+        """Units not committed after the stream (their block or actor failed) go again as raw units."""
+        committed = self.store.committed()
+        self.retry.extend(u for u in self.todo if u.name not in committed and u.name not in self.pool.failed)
+        if self.retry:
+            logger.warning("%d unit(s) not committed after the first pass: sending them again", len(self.retry))
+
+    def _send(self, actor: str, item: object) -> None:
+        ref = self.handles[actor].decode.remote(item)
+        self.in_flight[ref] = (actor, self.pool.incarnation[actor], item if isinstance(item, list) else [])
+        self.pool.sent(actor, time.monotonic())
+
+    # -- the pool -----------------------------------------------------------------------------------------
+    def _scale(self) -> None:
+        left = len(self.todo) - self.finished_units
+        for _ in range(self.pool.to_start(left)):
+            name, self.created = f"decoder-{self.created}", self.created + 1
+            handle = self.actor_class.remote(self.cfg.decoder, self.cfg.columns)
+            self.handles[name] = handle
+            self.probes[handle.ready.remote()] = name
+            self.pool.started(name)
+        for name in self.pool.to_stop(left):  # idle actors give their resources back (autoscaling down)
+            self._retire(name)
+
+    def _retire(self, actor: str) -> None:
+        import ray
+        handle = self.handles.pop(actor, None)
+        if handle is not None:
+            ray.kill(handle, no_restart=True)
+        self.pool.stopped(actor)
+
+    def _probe_down(self, now: float) -> None:
+        for actor in self.pool.probes_due(now):
+            self.probes[self.handles[actor].ready.remote()] = actor
+
+    def _restart_stalled(self, now: float) -> None:
+        import ray
+        for actor in self.pool.stalled(now):
+            logger.warning("decoder %s has shown no progress for %.0fs: killing it (Ray restarts it; its units are "
+                           "sent again)", actor, self.pool.health.stall_timeout_s)
+            ray.kill(self.handles[actor], no_restart=False)
+            self.pool.last_alive[actor] = now  # its lost items arrive as errors and mark it dead
+
+    def _check_decoders(self, now: float) -> None:
+        left = len(self.todo) - self.finished_units
+        waited = self.pool.waited_for_decoders(now, left)
+        if waited < self.pool.health.decoder_wait_s:
+            return
+        committed = self.store.committed()
+        units = [u.name for u in self.todo if u.name not in committed]
+        hint = ""
+        if self.gpus:
+            import ray
+            hint = (f" The job asks for {self.gpus} GPU(s) per decoder; the cluster has "
+                    f"{ray.cluster_resources().get('GPU', 0):g} GPU(s).")
+        raise DecodersUnavailable(
+            f"no decoder actor has been ready for {waited:.0f}s (--decoder-wait); {len(units)} unit(s) left: "
+            f"{', '.join(units[:8])}{' ...' if len(units) > 8 else ''}.{hint} Last problem: "
+            f"{self.last_problem or 'none reported (actors pending: not enough resources?)'}. "
+            f"Every committed unit is kept: rerunning the same command resumes.")
+
+    def _kill_all(self) -> None:
+        for actor in list(self.handles):
+            try:
+                self._retire(actor)
+            except Exception:  # noqa: BLE001 - the cluster may be gone already
+                pass
+
+    # -- results --------------------------------------------------------------------------------------------
+    def _wait(self) -> None:
+        import ray
+        refs = [*self.in_flight, *self.probes]
+        ready = ray.wait(refs, num_returns=1, timeout=1.0)[0] if refs else []
+        if ready:
+            ready = ray.wait(refs, num_returns=len(refs), timeout=0)[0]
+        if not refs:
+            time.sleep(0.1)  # waiting for the encoder stream or a probe's back-off
+        for ref in ready:
+            if ref in self.probes:
+                self._probed(ref, self.probes.pop(ref))
+            else:
+                self._returned(ref, *self.in_flight.pop(ref))
+        self._progress()
+
+    def _progress(self) -> None:
+        now = time.monotonic()
+        if now - self.last_progress < self.cfg.progress_every_s:
+            return
+        self.last_progress = now
+        elapsed, stats = time.perf_counter() - self.start, self.result.stats
+        print(f"[{elapsed:7.1f}s] units {len(stats)}/{len(self.todo)}  sentences {sum(r['sentences'] for r in stats)}"
+              f"  {self.result.target_tokens / max(elapsed, 1e-9):.0f} target tokens/s  decoders {len(self.pool.ready)}"
+              f" ready / {self.pool.size}", flush=True)
+
+    def _probed(self, ref: object, actor: str) -> None:
+        import ray
+        now = time.monotonic()
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayError as e:
+            self.last_problem = f"{actor}: {_first_line(e)}"
+            permanent = bool(getattr(e, "actor_init_failed", False)) or not isinstance(e, ray.exceptions.RayActorError)
+            if actor in self.pool.starting:
+                if permanent:
+                    self._retire(actor)
+                    self.start_failures += 1
+                    if self.start_failures >= 3:
+                        raise RuntimeError(f"decoder actors fail to start: {e}") from e
+                    logger.warning("decoder actor %s failed to start: %s", actor, _first_line(e))
+                else:  # killed while loading the model: Ray restarts it, probe it again with back-off
+                    self.pool.starting.discard(actor)
+                    self.pool.down_since(actor, now)
+                return
+            if self.pool.probe_failed(actor, now, permanent) is Verdict.REPLACE:
+                logger.warning("decoder %s did not come back (%s): replacing it", actor, _first_line(e))
+                self._retire(actor)
+            return
+        if actor in self.pool.starting:
+            self.pool.became_ready(actor)
+            self.pool.last_alive[actor] = now
+        elif self.pool.probe_ok(actor, now) is Verdict.REPLACE:
+            logger.warning("decoder %s died %d times: replacing it with a fresh actor", actor, self.pool.deaths[actor])
+            self._retire(actor)
+        else:
+            logger.info("decoder %s is back", actor)
+
+    def _returned(self, ref: object, actor: str, incarnation: int, units: list[WorkUnit]) -> None:
+        import ray
+        now = time.monotonic()
+        self.pool.returned(actor, incarnation, now)
+        try:
+            rows = ray.get(ref)
+        except ray.exceptions.RayError as e:
+            reason = _first_line(e)
+            self.last_problem = f"{actor}: {reason}"
+            logger.warning("decoder %s lost %s: %s", actor, [u.name for u in units] or "an encoded block", reason)
+            self.retry.extend(u for u in units if self.pool.failed_attempt(u.name, reason))
+            self.finished_units += sum(u.name in self.pool.failed for u in units)
+            if isinstance(e, ray.exceptions.RayActorError) and self.pool.died(actor, incarnation, now):
+                logger.warning("decoder %s died (%d so far): probing it until Ray has restarted it", actor,
+                               self.pool.deaths[actor])
+            return
+        for row in rows:
+            self.result.stats.append(row)
+            self.result.target_tokens += row["target_tokens"]
+        self.finished_units += len(rows)
+
+
+class _BlockFeed:
+    """A thread that iterates the encoder stream into a bounded queue; ``next`` never blocks."""
+
+    def __init__(self, blocks: Callable[[], Iterator[object]], maxsize: int) -> None:
+        self.queue: queue.Queue = queue.Queue(maxsize)
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(blocks,), name="raymt-encoded-blocks", daemon=True)
+        self._thread.start()
+
+    def _run(self, blocks: Callable[[], Iterator[object]]) -> None:
+        try:
+            for ref in blocks():
+                if not self._put(ref):
+                    return
+        except Exception as e:  # noqa: BLE001 - the sweep sends what the stream did not deliver
+            self.error = f"{type(e).__name__}: {_first_line(e)}"
+        self._put(DRAINED)
+
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def next(self) -> object | None:
+        try:
+            return self.queue.get_nowait()
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+class _ListFeed:
+    def __init__(self, items: list) -> None:
+        self.items, self.error = deque(items), None
+
+    def next(self) -> object:
+        return self.items.popleft() if self.items else DRAINED
+
+    def close(self) -> None:
+        self.items.clear()
+
+
+def _first_line(e: Exception) -> str:
+    lines = [x for x in str(e).splitlines() if x.strip()]
+    return lines[-1][:300] if lines else type(e).__name__
