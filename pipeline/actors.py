@@ -50,6 +50,7 @@ class DecoderSettings:
     token_logprobs: bool = False  # teacher-forced log-prob of each token of the best translation (distillation)
     keep_reference: bool = False  # the reference column travels to the output (a distillation bitext's target)
     speedups: CpuSpeedups = EXACT  # CPU rewrites of the model (workers/speedups.py)
+    plan: str | None = None  # the output's plan digest (pipeline/ledger.py): the unit files it commits carry it
 
 
 def unit_to_row(unit: WorkUnit) -> dict:
@@ -121,7 +122,7 @@ class DecoderWorker:
             self.shortlist = load_shortlist(settings.shortlist, self.translator.checkpoint.tokenizer,
                                             top_m=settings.shortlist_m, top_n=settings.shortlist_n,
                                             special_ids=self.translator.special_target_ids())
-        self.store = OutputStore(settings.output)
+        self.store = OutputStore(settings.output, plan=settings.plan)
         self.actor = f"{socket.gethostname()}:{os.getpid()}"
         self.node = _node_id()
         self.last_done = time.time()

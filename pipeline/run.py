@@ -145,12 +145,13 @@ def run_pipeline(cfg: PipelineConfig) -> PipelineResult:
     """
     check_model(cfg.decoder.model)
     plan: Plan = plan_units(cfg.input, cfg.columns, cfg.unit_rows, skip_corrupt=cfg.skip_corrupt)
-    store = OutputStore(cfg.decoder.output)
+    record = plan_record(cfg, plan)
+    store = OutputStore(cfg.decoder.output, plan=record.digest)
     lease = Lease(store.fs, store.root)
     lease.acquire()
     try:
-        claim(store, plan_record(cfg, plan), cfg.restart)
-        return _run(cfg, plan, store, lease)
+        claim(store, record, cfg.restart)
+        return _run(replace(cfg, decoder=replace(cfg.decoder, plan=record.digest)), plan, store, lease)
     finally:
         lease.release()
 
@@ -197,10 +198,12 @@ def _run(cfg: PipelineConfig, plan: Plan, store: OutputStore, lease: Lease) -> P
     if present != plan.rows:  # never a _SUCCESS over missing rows
         raise RuntimeError(f"{store.url}: committed parts hold {present} rows, the plan has {plan.rows}; not marking "
                            f"success (rerun to retry, or --restart to start afresh)")
+    if pruned := store.prune():
+        logger.warning("removed %d file(s) of another plan (late commits of a killed job)", pruned)
     result.scores = _evaluate(store) if cfg.decoder.evaluate else None
     store.write_success({"units": result.units, "rows": present, "skipped_units": result.skipped_units,
                          "skipped_files": [list(x) for x in plan.skipped_files], "unreadable_units": result.unreadable,
-                         "signature": cfg.decoder.signature, "plan": store.read_plan().digest,
+                         "signature": cfg.decoder.signature, "plan": cfg.decoder.plan,
                          "scores": str(result.scores) if result.scores else None})
     return result
 

@@ -1,16 +1,19 @@
 """Output on any fsspec URL, committed per work unit: exactly once, resumable.
 
-Layout under the output directory::
+Layout under the output directory (``<plan>``: the first 8 hex digits of the plan record's digest)::
 
-    part-<unit>.parquet        translations of one unit (written first)
-    _manifest/<unit>.json      the commit marker, written only after its part is complete
-    _stats/<unit>.parquet      the decoder actor's stats row(s) for that unit
+    part-<unit>-<plan>.parquet     translations of one unit (written first)
+    _manifest/<unit>-<plan>.json   the commit marker, written only after its part is complete
+    _stats/<unit>-<plan>.parquet   the decoder actor's stats row(s) for that unit
     _SUCCESS                   the job summary, once every unit is committed
 
     _PLAN.json                 what the units were cut from and how they are decoded (pipeline/ledger.py)
     _LEASE.json                the job writing the output, while it runs (pipeline/ledger.py)
 
-A unit counts only when its marker exists. Part names are fixed by the unit, so a unit retried
+A unit's files carry its plan, so a unit of one plan can never be taken for the same-named unit of
+another (other unit sizes, input, model or search): a store counts only its own plan's markers, even
+if a killed job's actor commits late into an output that was restarted. A unit counts only when
+its marker exists. Part names are fixed by the unit, so a unit retried
 after a crash (actor killed mid-write, driver killed, node lost) replaces its own part and never
 adds a second copy; readers take only parts that have a marker. Nothing is rewritten in place:
 every file (part, stats, marker) is a single PUT on object stores, which a reader sees whole or
@@ -45,28 +48,55 @@ OUTPUT_SCHEMA = pa.schema([
 
 
 class OutputStore:
-    def __init__(self, url: str) -> None:
+    """The committed units of one plan under ``url`` (``plan``: its digest; None: the recorded plan's)."""
+
+    def __init__(self, url: str, plan: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.fs, self.root = fsspec.core.url_to_fs(self.url, **storage_options(self.url))
+        self._plan = plan
+
+    @property
+    def tag(self) -> str:
+        if self._plan is None:
+            recorded = self.read_plan()
+            self._plan = recorded.digest if recorded else ""
+        return f"-{self._plan[:8]}" if self._plan else ""
 
     def _path(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
 
     def committed(self) -> set[str]:
-        """Names of the committed units."""
+        """Names of the committed units of this plan."""
         folder = self._path("_manifest")
         self.fs.invalidate_cache(folder)  # object-store listings are cached: other processes commit here
         if not self.fs.exists(folder):
             return set()
-        return {p.rsplit("/", 1)[-1][: -len(".json")] for p in self.fs.ls(folder, detail=False) if p.endswith(".json")}
+        end = f"{self.tag}.json"
+        return {p.rsplit("/", 1)[-1][: -len(end)] for p in self.fs.ls(folder, detail=False) if p.endswith(end)}
 
     def commit(self, unit: str, table: pa.Table, stats: pa.Table | None, manifest: dict) -> None:
         """Write the unit's part (and stats), then its marker; idempotent for a retried unit."""
         table = conform(table)
-        self._put(self._path(f"part-{unit}.parquet"), _parquet(table))
+        self._put(self._path(f"part-{unit}{self.tag}.parquet"), _parquet(table))
         if stats is not None:
-            self._put(self._path("_stats", f"{unit}.parquet"), _parquet(stats))
-        self._put(self._path("_manifest", f"{unit}.json"), json.dumps({**manifest, "rows": table.num_rows}).encode())
+            self._put(self._path("_stats", f"{unit}{self.tag}.parquet"), _parquet(stats))
+        self._put(self._path("_manifest", f"{unit}{self.tag}.json"),
+                  json.dumps({**manifest, "rows": table.num_rows, "plan": self._plan or ""}).encode())
+
+    def prune(self) -> int:
+        """Remove parts, stats and markers of other plans (a killed job's late commits); how many."""
+        gone = 0
+        for folder, prefix, suffix in (("", "part-", ".parquet"), ("_stats", "", ".parquet"), ("_manifest", "", ".json")):
+            path = self._path(folder) if folder else self.root
+            self.fs.invalidate_cache(path)
+            if not self.fs.exists(path):
+                continue
+            for p in self.fs.ls(path, detail=False):
+                name = p.rsplit("/", 1)[-1]
+                if name.startswith(prefix) and name.endswith(suffix) and not name.endswith(f"{self.tag}{suffix}"):
+                    self.fs.rm(p)
+                    gone += 1
+        return gone
 
     def _put(self, path: str, data: bytes) -> None:
         """One whole file: a single PUT on object stores, temp name + atomic rename on local disk."""
@@ -81,7 +111,7 @@ class OutputStore:
                 f.write(data)
 
     def rows_committed(self) -> int:
-        """Rows in the committed parts, from their markers (each marker counts its part's rows)."""
+        """Rows in this plan's committed parts, from their markers (each marker counts its part's rows)."""
         return sum(int(m.get("rows", 0)) for m in self.manifests())
 
     def read_plan(self) -> PlanRecord | None:
@@ -113,7 +143,8 @@ class OutputStore:
                 self.fs.rm(p)
 
     def manifests(self) -> list[dict]:
-        return [json.loads(self.fs.cat_file(self._path("_manifest", f"{u}.json"))) for u in sorted(self.committed())]
+        return [json.loads(self.fs.cat_file(self._path("_manifest", f"{u}{self.tag}.json")))
+                for u in sorted(self.committed())]
 
     def read(self) -> pa.Table:
         """Every committed row, in input order (sorted by ``row``)."""
@@ -122,7 +153,7 @@ class OutputStore:
         return table.sort_by("row")
 
     def read_part(self, unit: str) -> pa.Table:
-        return self._read(self._path(f"part-{unit}.parquet"))
+        return self._read(self._path(f"part-{unit}{self.tag}.parquet"))
 
     def write_table(self, name: str, table: pa.Table) -> None:
         """A derived file under the output (e.g. ``distilled/part-<unit>.parquet``)."""
@@ -133,7 +164,7 @@ class OutputStore:
 
     def read_stats(self) -> pa.Table | None:
         folder = self._path("_stats")
-        names = {f"{u}.parquet" for u in self.committed()}
+        names = {f"{u}{self.tag}.parquet" for u in self.committed()}
         if not self.fs.exists(folder):
             return None
         parts = [self._read(p) for p in sorted(self.fs.ls(folder, detail=False)) if p.rsplit("/", 1)[-1] in names]

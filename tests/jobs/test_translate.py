@@ -64,3 +64,61 @@ def test_fast_preset_is_the_measured_pruning_unless_heuristics_are_given():
     assert search_config(build_parser().parse_args(base)).pruning.active is False  # exact by default
     assert search_config(build_parser().parse_args([*base, "--fast"])).pruning == FAST_PRUNING
     assert search_config(build_parser().parse_args([*base, "--fast", "--ap", "2.5"])).pruning.signature() == "ap:2.5"
+
+
+def broken_model(tmp_path, demo_model_dir, drop=(), config: bytes | None = None):
+    import shutil
+    model = tmp_path / "model"
+    shutil.copytree(demo_model_dir, model)
+    for name in drop:
+        (model / name).unlink()
+    if config is not None:
+        (model / "config.json").write_bytes(config)
+    return model
+
+
+def test_a_broken_model_is_refused_up_front_with_every_problem(demo_model_dir, tmp_path):
+    import json
+
+    import pytest
+    import ray
+    model = broken_model(tmp_path, demo_model_dir, drop=("config.json", "vocab.json", "model.safetensors"))
+    with pytest.raises(SystemExit) as e:
+        main(["--model", str(model), "--input", str(SAMPLE), "--output", str(tmp_path / "o.txt"), "--local-rows", "0"])
+    message = str(e.value)
+    assert message.startswith(f"error: model {model} cannot be used:")
+    for problem in ("config.json missing", "tokenizer file(s) missing: vocab.json", "no weights"):
+        assert problem in message
+    assert not ray.is_initialized() and not (tmp_path / "o.txt.parts").exists()  # before Ray, before any output
+
+    model = broken_model(tmp_path / "2", demo_model_dir, config=b"{not json")
+    with pytest.raises(SystemExit, match=r"config.json is not valid JSON"):
+        main(["--model", str(model), "--input", str(SAMPLE), "--output", str(tmp_path / "o.txt")])
+    hf = json.loads((demo_model_dir / "config.json").read_text())
+    model = broken_model(tmp_path / "3", demo_model_dir,
+                         config=json.dumps({**hf, "model_type": "bart", "normalize_before": True}).encode())
+    with pytest.raises(SystemExit, match=r"model_type='bart'(.|\n)*normalize_before=True"):
+        main(["--model", str(model), "--input", str(SAMPLE), "--output", str(tmp_path / "o.txt")])
+
+
+def test_any_file_name_is_assembled_and_a_directory_is_asked_for_by_slash_or_no_extension(demo_model_dir, tmp_path):
+    main(["--model", str(demo_model_dir), "--input", str(SAMPLE), "--output", str(tmp_path / "out.en"), "--beam-size", "1"])
+    assert len((tmp_path / "out.en").read_text(encoding="utf-8").split("\n")[:-1]) == 12  # a text file, not parts
+    main(["--model", str(demo_model_dir), "--input", str(SAMPLE), "--output", f"{tmp_path / 'parts.d'}/",
+          "--beam-size", "1"])
+    assert (tmp_path / "parts.d" / "_SUCCESS").exists()
+    main(["--model", str(demo_model_dir), "--input", str(SAMPLE), "--output", str(tmp_path / "plain"), "--beam-size", "1"])
+    assert (tmp_path / "plain" / "_SUCCESS").exists()
+
+
+def test_a_small_job_without_a_cluster_runs_in_process_without_starting_ray(demo_model_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_JOB_ID")}
+    out = subprocess.run([sys.executable, "-m", "jobs.translate", "--model", str(demo_model_dir), "--input", str(SAMPLE),
+                          "--output", str(tmp_path / "o.txt"), "--beam-size", "2"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "in-process (decoding" in out.stdout and "Started a local Ray instance" not in out.stderr
+    assert len((tmp_path / "o.txt").read_text(encoding="utf-8").split("\n")[:-1]) == 12

@@ -75,8 +75,8 @@ def test_round_trip_equals_in_process_and_resume_skips_committed(cluster, demo_m
 
     # resume: lose one unit (part + marker), rerun the same command: only that unit is decoded again
     store = OutputStore(str(out))
-    os.remove(out / "_manifest" / "00000-0000000020.json")
-    os.remove(out / "part-00000-0000000020.parquet")
+    for lost in [*(out / "_manifest").glob("00000-0000000020-*.json"), *out.glob("part-00000-0000000020-*.parquet")]:
+        os.remove(lost)
     capsys.readouterr()
     main(job(demo_model_dir, src, out))
     assert "(4 already committed)" in capsys.readouterr().out
@@ -115,7 +115,7 @@ def test_decoder_actor_killed_mid_job_loses_and_duplicates_nothing(cluster, demo
     out = tmp_path / "out"
     proc = spawn_driver(cluster, job(demo_model_dir, src, out, "--decoders", "1"), tmp_path / "driver.log")
     first = wait_for_commits(str(out), 2, proc)
-    pid = int(json.loads((out / "_manifest" / f"{sorted(first)[0]}.json").read_text())["actor"].split(":")[1])
+    pid = int(json.loads(next((out / "_manifest").glob(f"{sorted(first)[0]}-*.json")).read_text())["actor"].split(":")[1])
     os.kill(pid, signal.SIGKILL)
     assert proc.wait(timeout=300) == 0, (tmp_path / "driver.log").read_text()
     assert_exactly_once(str(out), [f"r{i:04d}" for i in range(240)])

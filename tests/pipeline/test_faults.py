@@ -1,0 +1,198 @@
+"""Fault injection on a real local Ray cluster, as an operator or the OOM killer would do it: decoder
+actors SIGKILLed mid-unit, between units, while loading the model and twice in one job, the encoder
+actor killed once; every id must come out exactly once and the job must end by itself. And the
+resume guards: a rerun with another --unit-rows, model or beam is refused (never mixed), a second
+job on the same output is refused while the first runs, mixed id types and empty inputs complete.
+
+``RAYMT_KILL_ROUNDS=10 python -m pytest tests/pipeline/test_faults.py -k kill`` repeats the kill test.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.translate import main
+from pipeline.sink import OutputStore
+from tests.pipeline.ray_helpers import (
+    assert_exactly_once,
+    clean_corpus,
+    spawn_driver,
+    start_ray,
+    wait_for_commits,
+    write_corpus,
+)
+
+ROUNDS = int(os.environ.get("RAYMT_KILL_ROUNDS", "1"))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import ray
+    address = start_ray(num_cpus=2)
+    yield address
+    ray.shutdown()
+
+
+def ray_processes(title: str) -> set[int]:
+    """Pids of this machine's Ray worker processes whose title starts with ``ray::<title>``."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes().startswith(f"ray::{title}".encode()):
+                    found.add(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def kill(pid: int) -> bool:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def committed(out: Path) -> int:
+    return len(OutputStore(str(out)).committed()) if (out / "_PLAN.json").exists() else 0
+
+
+def wait_until(condition, proc, timeout: float = 180, what: str = "") -> object:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if value := condition():
+            return value
+        assert proc.poll() is None, f"the driver ended while waiting for {what}"
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("round_", range(ROUNDS))
+def test_decoder_and_encoder_killed_repeatedly_lose_and_duplicate_nothing(cluster, demo_model_dir, tmp_path, round_):
+    n = 800
+    src = write_corpus(tmp_path / "in.parquet", clean_corpus(n))
+    out = tmp_path / "out"
+    args = ["--model", str(demo_model_dir), "--input", str(src), "--output", str(out), "--beam-size", "3",
+            "--threads", "1", "--unit-rows", "40", "--decoders", "1"]
+    proc = spawn_driver(cluster, args, tmp_path / "driver.log")
+    log = lambda: (tmp_path / "driver.log").read_text(errors="replace")  # noqa: E731
+    try:
+        encoder = wait_until(lambda: ray_processes("MapWorker"), proc, what="the encoder actor")
+        first = wait_until(lambda: ray_processes("DecoderWorker"), proc, what="the first decoder")
+        wait_until(lambda: committed(out) >= 1, proc, what="a first commit")
+        kills = {"encoder": sum(kill(p) for p in encoder)}  # the encoder once, early in the stream
+        for p in first:  # mid-unit: the next unit is in the actor's hands at once
+            kill(p)
+        # while it loads the model: the restarted decoder's new process, as soon as it appears
+        second = wait_until(lambda: ray_processes("DecoderWorker") - first, proc, what="the restarted decoder")
+        kills["during model load"] = sum(kill(p) for p in second)
+        # between units: right after a commit of the (twice) restarted decoder
+        before = committed(out)
+        wait_until(lambda: committed(out) > before, proc, timeout=240, what="a commit after the restarts")
+        third = ray_processes("DecoderWorker") - first - second
+        kills["between units"] = sum(kill(p) for p in third)
+        assert proc.wait(timeout=400) == 0, log()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert kills["during model load"] and kills["between units"], kills
+    assert_exactly_once(str(out), [f"r{i:04d}" for i in range(n)])
+    assert "died" in log()
+
+
+def job(model, inp, out, *extra) -> list[str]:
+    return ["--model", str(model), "--input", str(inp), "--output", str(out), "--beam-size", "1", "--threads", "1",
+            *extra]
+
+
+def test_resume_with_other_unit_rows_is_refused_never_mixed(cluster, demo_model_dir, tmp_path, capsys):
+    src = write_corpus(tmp_path / "in.parquet", clean_corpus(400))
+    out = tmp_path / "out"
+    proc = spawn_driver(cluster, job(demo_model_dir, src, out, "--unit-rows", "20", "--beam-size", "4"),
+                        tmp_path / "driver.log")
+    wait_for_commits(str(out), 1, proc)
+    proc.send_signal(signal.SIGKILL)  # a killed run whose first unit(s) committed
+    proc.wait(timeout=60)
+    with pytest.raises(SystemExit, match=r"started by another plan(.|\n)*--unit-rows 20 then, 2500 now"):
+        main(job(demo_model_dir, src, out, "--beam-size", "4"))
+    assert not (out / "_SUCCESS").exists()
+    main(job(demo_model_dir, src, out, "--beam-size", "4", "--restart"))  # explicit: a fresh output
+    assert_exactly_once(str(out), [f"r{i:04d}" for i in range(400)])
+    assert json.loads((out / "_SUCCESS").read_text())["rows"] == 400
+    assert len(list(out.glob("part-*.parquet"))) == 1  # the killed run's parts are gone
+
+
+def test_rerun_with_another_model_or_beam_is_refused(cluster, demo_model_dir, tmp_path):
+    src = write_corpus(tmp_path / "in.parquet", clean_corpus(30))
+    out = tmp_path / "out"
+    main(job(demo_model_dir, src, out, "--unit-rows", "10"))
+    signature = json.loads((out / "_SUCCESS").read_text())["signature"]
+    other = tmp_path / "other-model"
+    shutil.copytree(demo_model_dir, other)
+    with pytest.raises(SystemExit, match=r"search signature .*beam:1.* then, .*beam:5.* now(.|\n)*--restart"):
+        main(job(other, src, out, "--unit-rows", "10", "--beam-size", "5"))
+    with pytest.raises(SystemExit, match=r"model file .*other-model/config.json is new"):
+        main(job(other, src, out, "--unit-rows", "10"))  # the same files elsewhere: another model all the same
+    assert json.loads((out / "_SUCCESS").read_text())["signature"] == signature  # untouched
+    time.sleep(0.01)
+    src.write_bytes(src.read_bytes())  # the input rewritten (new mtime): refused too
+    with pytest.raises(SystemExit, match=r"input .*in.parquet changed"):
+        main(job(demo_model_dir, src, out, "--unit-rows", "10"))
+
+
+def test_second_job_on_the_same_output_is_refused_while_the_first_runs(cluster, demo_model_dir, tmp_path):
+    src = write_corpus(tmp_path / "in.parquet", clean_corpus(400))
+    out = tmp_path / "out"
+    proc = spawn_driver(cluster, job(demo_model_dir, src, out, "--unit-rows", "20", "--beam-size", "4"),
+                        tmp_path / "driver.log")
+    try:
+        wait_for_commits(str(out), 1, proc)
+        with pytest.raises(SystemExit, match=r"another job is writing this output: .*_LEASE.json is held by"):
+            main(job(demo_model_dir, src, out, "--unit-rows", "20", "--beam-size", "4"))
+        assert proc.wait(timeout=300) == 0, (tmp_path / "driver.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert_exactly_once(str(out), [f"r{i:04d}" for i in range(400)])
+    assert not (out / "_LEASE.json").exists()  # released
+
+
+def test_mixed_id_types_across_files_assemble_as_strings(cluster, demo_model_dir, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    write_corpus(folder / "a.parquet", clean_corpus(12), ids=[f"a{i}" for i in range(12)])
+    pq.write_table(pa.table({"text": clean_corpus(8)}), folder / "b.parquet")  # no id column
+    pq.write_table(pa.table({"id": pa.array(range(5), pa.int64()), "text": clean_corpus(5)}), folder / "c.parquet")
+    main(job(demo_model_dir, folder, tmp_path / "out.parquet", "--unit-rows", "10"))
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert table.schema.field("id").type == pa.string()
+    assert table.column("id").to_pylist() == [f"a{i}" for i in range(12)] + [str(r) for r in range(12, 20)] + [
+        str(i) for i in range(5)]
+    main(job(demo_model_dir, folder, tmp_path / "out.txt", "--unit-rows", "10"))
+    assert len((tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")[:-1]) == 25
+
+
+@pytest.mark.parametrize("kind", ["parquet", "txt", "directory"])
+def test_empty_inputs_give_an_empty_output_with_success(cluster, demo_model_dir, tmp_path, capsys, kind):
+    if kind == "txt":
+        src = tmp_path / "in.txt"
+        src.write_text("")
+    else:
+        folder = tmp_path / "in" if kind == "directory" else tmp_path
+        folder.mkdir(exist_ok=True)
+        src = folder / "empty.parquet"
+        pq.write_table(pa.table({"text": pa.array([], pa.string())}), src)
+        src = folder if kind == "directory" else src
+    main(job(demo_model_dir, src, tmp_path / "out.txt"))
+    assert "translated 0 rows in 0 units" in capsys.readouterr().out
+    assert (tmp_path / "out.txt").read_text() == ""
+    assert json.loads((tmp_path / "out.txt.parts" / "_SUCCESS").read_text())["rows"] == 0
