@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--decoder-wait", type=float, default=600.0,
                    help="seconds the job waits with no decoder actor ready (cluster full, GPUs missing, actors "
                         "crashing) before it fails naming the units left; rerunning resumes")
+    g.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines")
     g.add_argument("--stall-timeout", type=float, default=1800.0,
                    help="a decoder actor with work that returns nothing for this many seconds is killed and "
                         "restarted; its units are sent again")
@@ -190,7 +191,7 @@ def pipeline_config(args: argparse.Namespace, cfg: SearchConfig) -> PipelineConf
                           decoders=decoders, encoders=args.encoders, cpus_per_decoder=args.cpus_per_decoder,
                           gpus_per_decoder=args.gpus_per_decoder, skip_corrupt=args.skip_corrupt,
                           restart=args.restart, local_rows=2**62 if args.in_process else args.local_rows,
-                          in_process=args.in_process,
+                          in_process=args.in_process, progress_every_s=args.progress_every,
                           health=Health(decoder_wait_s=args.decoder_wait, stall_timeout_s=args.stall_timeout))
 
 

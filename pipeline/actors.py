@@ -13,14 +13,17 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 
 from pipeline.evaluate import EvalStats, sufficient_stats
+from pipeline.metrics import Metrics
 from pipeline.sink import OutputStore
 from pipeline.storage import model_reader
+from pipeline.timeline import Counters, Sampler, Slice
 from pipeline.units import Columns, WorkUnit, read_unit
 from workers.checkpoint import load_tokenizer
 from workers.config import SearchConfig
@@ -51,6 +54,7 @@ class DecoderSettings:
     keep_reference: bool = False  # the reference column travels to the output (a distillation bitext's target)
     speedups: CpuSpeedups = EXACT  # CPU rewrites of the model (workers/speedups.py)
     plan: str | None = None  # the output's plan digest (pipeline/ledger.py): the unit files it commits carry it
+    slice_s: float = 2.0  # stats over time: one slice of the live counters every this many seconds
 
 
 def unit_to_row(unit: WorkUnit) -> dict:
@@ -108,9 +112,11 @@ class EncoderWorker:
 
 class DecoderWorker:
     """encoded units (or raw ones, tokenised here) -> each unit's part committed to the output and
-    its stats row returned."""
+    its stats row returned. Its stats are also cut into time slices as it decodes
+    (``pipeline/timeline.py``): each unit's stats row carries its slices, and each slice goes to the
+    Ray metrics and, given a ``board``, to the driver's progress board under ``name``."""
 
-    def __init__(self, settings: DecoderSettings, columns: Columns) -> None:
+    def __init__(self, settings: DecoderSettings, columns: Columns, name: str = "", board=None) -> None:
         self.settings = settings
         self.translator = Translator.load(model_reader(settings.model), threads=settings.threads,
                                           max_batch_size=settings.max_batch_size, speedups=settings.speedups)
@@ -126,8 +132,37 @@ class DecoderWorker:
         self.actor = f"{socket.gethostname()}:{os.getpid()}"
         self.node = _node_id()
         self.last_done = time.time()
-        self.metrics = _Metrics()
+        self.metrics = Metrics() if _in_ray() else None
         self.encoder = EncoderWorker(self.translator, columns)
+        self.name, self.board = name or self.actor, board
+        self.lock = threading.Lock()
+        self.base = Counters()  # earlier units' counters
+        self.unit: dict = {}  # the unit being decoded: name, rows, source tokens, counters at its start
+        self.sampler = Sampler(self._counters, self._capacity, settings.slice_s, self._on_slice)
+
+    def _live(self) -> Counters:
+        st, sched = self.translator.stats, self.translator.scheduler_stats
+        return Counters(st.steps, st.sentence_steps, sched.refills if sched is not None else 0)
+
+    def _counters(self) -> Counters:
+        with self.lock:
+            return self.base + self._live()
+
+    def _capacity(self) -> int:
+        b = self.settings.batching
+        return b.max_batch_sentences if b else (self.translator.tuner.size if self.translator.tuner
+                                                 else self.translator.max_batch_size)
+
+    def _on_slice(self, s: Slice) -> None:
+        if self.metrics is not None:
+            self.metrics.record_slice(self.actor, s)
+        if self.board is not None:
+            unit = dict(self.unit)
+            total = self._counters()
+            self.board.report.remote(self.name, {"time": s.end, "tokens": total.tokens, "tokens_per_s": s.tokens_per_s,
+                                                 "unit": unit.get("name"), "unit_rows": unit.get("rows", 0),
+                                                 "unit_source_tokens": unit.get("source_tokens", 0),
+                                                 "unit_tokens": total.tokens - unit.get("start_tokens", total.tokens)})
 
     def ready(self) -> str:
         return self.actor
@@ -142,10 +177,15 @@ class DecoderWorker:
         wait_s = started - self.last_done
         unit = WorkUnit(**json.loads(row["unit"]))
         tr = self.translator
-        tr.stats, tr.shortlist_sizes = DecodeStats(), []
+        with self.lock:  # this unit's counters start at zero; the sampler's totals carry on
+            self.base = self.base + self._live()
+            tr.stats, tr.shortlist_sizes, tr.scheduler_stats = DecodeStats(), [], None
+            self.unit = {"name": unit.name, "rows": len(row["rows"]), "source_tokens": sum(map(len, row["pieces"])),
+                         "start_tokens": self.base.tokens}
         t0 = time.perf_counter()
         hyps = tr.translate_ids(row["pieces"], self.settings.search, self.shortlist, self.settings.batching)
         decode_s = time.perf_counter() - t0
+        self.sampler.sample()  # the unit's last slice ends with its last step
         table, texts = self._output_table(row, hyps)
         if self.settings.keep_reference:
             table = table.append_column("reference", pa.array(row["references"] or [None] * len(texts), pa.string()))
@@ -157,7 +197,8 @@ class DecoderWorker:
         stats = self._stats_row(unit, row, started, wait_s, decode_s, evaluation)
         self.store.commit(unit.name, table, pa.Table.from_pylist([stats]),
                           {"unit": unit.name, "rows": len(texts), "actor": self.actor, "signature": self.settings.signature})
-        self.metrics.record(stats)
+        if self.metrics is not None:
+            self.metrics.record_unit(stats)
         self.last_done = time.time()
         return stats
 
@@ -212,6 +253,7 @@ class DecoderWorker:
             "batch_histogram": json.dumps(dict(sorted(st.batch_sizes.items()))),
             "bleu_stats": list(evaluation.bleu) if evaluation else None,
             "chrf_stats": list(evaluation.chrf) if evaluation else None,
+            "slices": json.dumps([x.to_dict() for x in self.sampler.take(since=started)]),
         }
 
 
@@ -229,30 +271,3 @@ def _node_id() -> str:
         return socket.gethostname()
     import ray
     return ray.get_runtime_context().get_node_id()
-
-
-class _Metrics:
-    """Ray metrics (Prometheus, dashboard) of a decoder actor; a no-op outside Ray."""
-
-    def __init__(self) -> None:
-        self.tokens = None
-        if not _in_ray():
-            return
-        try:
-            from ray.util import metrics
-            keys = ("actor",)
-            self.tokens = metrics.Counter("raymt_target_tokens", "target tokens generated", tag_keys=keys)
-            self.sentences = metrics.Counter("raymt_sentences", "sentences translated", tag_keys=keys)
-            self.occupancy = metrics.Gauge("raymt_batch_occupancy", "mean batch occupancy of the last unit", tag_keys=keys)
-            self.wait = metrics.Counter("raymt_wait_seconds", "seconds waiting for input", tag_keys=keys)
-        except Exception:  # noqa: BLE001
-            self.tokens = None
-
-    def record(self, stats: dict) -> None:
-        if self.tokens is None:
-            return
-        tags = {"actor": stats["actor"]}
-        self.tokens.inc(stats["target_tokens"], tags)
-        self.sentences.inc(stats["sentences"], tags)
-        self.occupancy.set(stats["occupancy"], tags)
-        self.wait.inc(max(stats["wait_s"], 0.0), tags)

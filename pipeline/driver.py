@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.actors import DecoderWorker, EncoderWorker, unit_to_row
 from pipeline.dispatch import Health, Pool, Verdict
+from pipeline.timeline import Board
 from pipeline.units import WorkUnit
 
 if TYPE_CHECKING:
@@ -61,6 +62,11 @@ class Driver:
         self.created = self.start_failures = 0
         self.last_problem = ""
         self.last_progress = time.monotonic()
+        self.rows_total = sum(u.stop - u.start for u in todo)
+        self.rows_done = 0
+        self.done_units: set[str] = set()
+        # decoders report their time slices here: live progress inside a unit, and their liveness
+        self.board = ray.remote(Board).options(num_cpus=0, max_restarts=-1).remote()
 
     def run(self) -> None:
         feed = _BlockFeed(self._encoded_blocks, maxsize=2 * max(self.pool.hi, 1) + 2) if self.cfg.encoders \
@@ -131,7 +137,7 @@ class Driver:
         left = len(self.todo) - self.finished_units
         for _ in range(self.pool.to_start(left)):
             name, self.created = f"decoder-{self.created}", self.created + 1
-            handle = self.actor_class.remote(self.cfg.decoder, self.cfg.columns)
+            handle = self.actor_class.remote(self.cfg.decoder, self.cfg.columns, name, self.board)
             self.handles[name] = handle
             self.probes[handle.ready.remote()] = name
             self.pool.started(name)
@@ -176,6 +182,11 @@ class Driver:
             f"Every committed unit is kept: rerunning the same command resumes.")
 
     def _kill_all(self) -> None:
+        import ray
+        try:
+            ray.kill(self.board)
+        except Exception:  # noqa: BLE001
+            pass
         for actor in list(self.handles):
             try:
                 self._retire(actor)
@@ -199,14 +210,31 @@ class Driver:
         self._progress()
 
     def _progress(self) -> None:
+        """Every ``progress_every_s``: read the board (liveness), print rows done (estimated inside units),
+        decoding speed now and an ETA."""
+        import ray
         now = time.monotonic()
         if now - self.last_progress < self.cfg.progress_every_s:
             return
         self.last_progress = now
-        elapsed, stats = time.perf_counter() - self.start, self.result.stats
-        print(f"[{elapsed:7.1f}s] units {len(stats)}/{len(self.todo)}  sentences {sum(r['sentences'] for r in stats)}"
-              f"  {self.result.target_tokens / max(elapsed, 1e-9):.0f} target tokens/s  decoders {len(self.pool.ready)}"
-              f" ready / {self.pool.size}", flush=True)
+        try:
+            reports = ray.get(self.board.read.remote(), timeout=5)
+        except ray.exceptions.RayError:
+            reports = {}
+        wall, live_rows, speed = time.time(), 0.0, 0.0
+        for actor, r in reports.items():
+            if actor in self.pool.ready:  # a slice is a sign of life (stall detection)
+                self.pool.last_alive[actor] = max(self.pool.last_alive.get(actor, now), now - (wall - r["time"]))
+            if wall - r["time"] < max(3 * self.cfg.decoder.slice_s, 5):
+                speed += r["tokens_per_s"]
+            if r.get("unit") and r["unit"] not in self.done_units:  # decoded share of a unit: tokens / source tokens
+                live_rows += min(0.95, r["unit_tokens"] / max(r["unit_source_tokens"], 1)) * r["unit_rows"]
+        elapsed = time.perf_counter() - self.start
+        done = min(self.rows_done + live_rows, self.rows_total)
+        eta = f"  ETA ~{(self.rows_total - done) * elapsed / done:.0f}s" if done else ""
+        print(f"[{elapsed:7.1f}s] rows ~{done:.0f}/{self.rows_total} (units {len(self.done_units)}/{len(self.todo)} "
+              f"committed)  decoding {speed:.0f} tokens/s{eta}  decoders {len(self.pool.ready)} ready / "
+              f"{self.pool.size}", flush=True)
 
     def _probed(self, ref: object, actor: str) -> None:
         import ray
@@ -259,6 +287,8 @@ class Driver:
         for row in rows:
             self.result.stats.append(row)
             self.result.target_tokens += row["target_tokens"]
+            self.rows_done += row["sentences"]
+            self.done_units.add(row["unit"])
         self.finished_units += len(rows)
 
 

@@ -3,9 +3,11 @@
     rows = OutputStore(output).read_stats().to_pylist()     # one row a committed unit
     render(rows, "out/report")                              # out/report.png, out/report.html
 
-Panels: target tokens/s of each decoder actor over the job's time, the histogram of actual batch
-size per decoding step (the top-up paper's Figure 8), refills, pruned fraction and shortlist size
-per unit over time, and the time each actor waited for its next unit.
+Panels, over the job's time from each actor's time slices (a few seconds each, inside units too:
+``pipeline/timeline.py``): decoded tokens/s, batch occupancy and refills per actor, and the job's
+rows committed; then the histogram of actual batch size per decoding step (the top-up paper's
+Figure 8), pruned fraction and shortlist size per unit, and the time each actor waited for its
+next unit. Stats rows of older outputs (no slices) plot one point per unit.
 """
 from __future__ import annotations
 
@@ -40,45 +42,67 @@ def summary(rows: list[dict]) -> dict:
             "statuses": dict(statuses)}
 
 
+def slices(rows: list[dict]) -> dict[str, list[dict]]:
+    """Each actor's time slices, in time order (a unit without slices: one slice spanning it)."""
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        mine = json.loads(r.get("slices") or "[]") or [
+            {"start": r["started"], "end": r["finished"], "tokens_per_s": r["target_tokens"] / max(r["decode_s"], 1e-9),
+             "occupancy": r["occupancy"], "refills": r["refills"]}]
+        out.setdefault(r["actor"], []).extend(mine)
+    return {a: sorted(s, key=lambda x: x["end"]) for a, s in out.items()}
+
+
+def progress(rows: list[dict]) -> tuple[list[float], list[int]]:
+    """Rows committed over the job's time: (seconds since the first unit started, cumulative rows)."""
+    t0 = min(r["started"] for r in rows)
+    t, n = [0.0], [0]
+    for r in sorted(rows, key=lambda r: r["finished"]):
+        t.append(r["finished"] - t0)
+        n.append(n[-1] + r["sentences"])
+    return t, n
+
+
 def figure(rows: list[dict]):
-    """The six panels as one matplotlib figure (Agg backend: no display needed)."""
+    """The eight panels as one matplotlib figure (Agg backend: no display needed)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     t0 = min(r["started"] for r in rows)
-    actors = sorted({r["actor"] for r in rows})
-    fig, axes = plt.subplots(2, 3, figsize=(16, 8.5), constrained_layout=True)
-    (tput, hist, refills), (pruned, shortlist, wait) = axes
-    for a in actors:
-        mine = sorted((r for r in rows if r["actor"] == a), key=lambda r: r["finished"])
-        t = [r["finished"] - t0 for r in mine]
-        tput.plot(t, [r["target_tokens"] / max(r["decode_s"], 1e-9) for r in mine], marker=".", label=a)
-        refills.plot(t, [r["refills"] for r in mine], marker=".", label=a)
-        pruned.plot(t, [r["pruned_fraction"] for r in mine], marker=".", label=a)
-        shortlist.plot(t, [r["shortlist_size"] for r in mine], marker=".", label=a)
-        wait.plot(t, [max(r["wait_s"], 0.0) for r in mine], marker=".", label=a)
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8.5), constrained_layout=True)
+    (tput, occupancy, refills, done), (hist, pruned, shortlist, wait) = axes
+    for a, mine in slices(rows).items():
+        mid = [(s["start"] + s["end"]) / 2 - t0 for s in mine]
+        tput.plot(mid, [s["tokens_per_s"] for s in mine], marker=".", label=a)
+        occupancy.plot(mid, [s["occupancy"] for s in mine], marker=".", label=a)
+        refills.plot(mid, [s["refills"] for s in mine], marker=".", label=a)
+    for a in sorted({r["actor"] for r in rows}):
+        units = sorted((r for r in rows if r["actor"] == a), key=lambda r: r["finished"])
+        t = [r["finished"] - t0 for r in units]
+        pruned.plot(t, [r["pruned_fraction"] for r in units], marker=".", label=a)
+        shortlist.plot(t, [r["shortlist_size"] for r in units], marker=".", label=a)
+        wait.plot(t, [max(r["wait_s"], 0.0) for r in units], marker=".", label=a)
+    done.step(*progress(rows), where="post", color="tab:green")
     sizes = batch_histogram(rows)
     if sizes:
         xs = sorted(sizes)
         hist.bar(xs, [sizes[x] for x in xs], width=0.9, color="tab:blue")
         hist.set_xlabel("actual batch size (sentences in the step)")
         hist.set_ylabel("decoding steps")
-    else:
-        hist.hist([r["occupancy"] for r in rows], bins=20, range=(0, 1), color="tab:blue")
-        hist.set_xlabel("mean batch occupancy of a unit")
-        hist.set_ylabel("units")
     hist.set_title("Batch size per step")
-    for ax, title, ylabel in ((tput, "Target tokens/s per actor (each unit)", "tokens/s"),
-                              (refills, "Refills per unit", "refills"),
-                              (pruned, "Pruned fraction of candidates", "fraction"),
-                              (shortlist, "Mean shortlist size", "target words"),
+    for ax, title, ylabel in ((tput, "Decoded tokens/s per actor (time slices)", "tokens/s"),
+                              (occupancy, "Batch occupancy per actor (time slices)", "live sentences / capacity"),
+                              (refills, "Refills per time slice", "refills"),
+                              (done, "Rows committed (job)", "rows"),
+                              (pruned, "Pruned fraction of candidates (per unit)", "fraction"),
+                              (shortlist, "Mean shortlist size (per unit)", "target words"),
                               (wait, "Wait for the next unit", "seconds")):
         ax.set_title(title)
         ax.set_xlabel("seconds since the first unit started")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    if len(actors) <= 12:
+    if len({r["actor"] for r in rows}) <= 12:
         tput.legend(fontsize=7, loc="lower right")
     return fig
 

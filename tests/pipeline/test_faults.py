@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.translate import main
+from tests.pipeline.conftest import free_port
 from pipeline.sink import OutputStore
 from tests.pipeline.ray_helpers import (
     assert_exactly_once,
@@ -33,10 +34,14 @@ from tests.pipeline.ray_helpers import (
 ROUNDS = int(os.environ.get("RAYMT_KILL_ROUNDS", "1"))
 
 
+METRICS_PORT = free_port()
+
+
 @pytest.fixture(scope="module")
 def cluster():
     import ray
-    address = start_ray(num_cpus=2)
+    address = start_ray(num_cpus=2, _metrics_export_port=METRICS_PORT,
+                        _system_config={"metrics_report_interval_ms": 500})
     yield address
     ray.shutdown()
 
@@ -111,7 +116,7 @@ def test_decoder_and_encoder_killed_repeatedly_lose_and_duplicate_nothing(cluste
 
 def job(model, inp, out, *extra) -> list[str]:
     return ["--model", str(model), "--input", str(inp), "--output", str(out), "--beam-size", "1", "--threads", "1",
-            *extra]
+            *extra]  # later --beam-size wins
 
 
 def test_resume_with_other_unit_rows_is_refused_never_mixed(cluster, demo_model_dir, tmp_path, capsys):
@@ -196,3 +201,47 @@ def test_empty_inputs_give_an_empty_output_with_success(cluster, demo_model_dir,
     assert "translated 0 rows in 0 units" in capsys.readouterr().out
     assert (tmp_path / "out.txt").read_text() == ""
     assert json.loads((tmp_path / "out.txt.parts" / "_SUCCESS").read_text())["rows"] == 0
+
+
+def scrape(port: int) -> str:
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.read().decode()
+    except OSError:
+        return ""
+
+
+def test_progress_and_metrics_move_inside_a_unit(cluster, demo_model_dir, tmp_path):
+    """One 1200-row unit: the driver prints rows and decoding speed and Prometheus shows the raymt_* metrics
+    before the unit commits; the unit's stats row carries its time slices."""
+    src = write_corpus(tmp_path / "in.parquet", clean_corpus(1200))
+    out = tmp_path / "out"
+    proc = spawn_driver(cluster, job(demo_model_dir, src, out, "--beam-size", "4", "--decoders", "1",
+                                     "--progress-every", "2"),
+                        tmp_path / "driver.log")
+    try:
+        metrics = wait_until(lambda: "ray_raymt_decoded_tokens_total{" in (m := scrape(METRICS_PORT)) and m, proc,
+                             timeout=120, what="the live metrics")
+        inside = committed(out) == 0
+        assert proc.wait(timeout=300) == 0, (tmp_path / "driver.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert inside, "the metrics appeared only after the unit committed"
+    for name in ("ray_raymt_tokens_per_second", "ray_raymt_batch_occupancy"):
+        assert name in metrics
+    for name in ("ray_raymt_sentences_total", "ray_raymt_target_tokens_total", "ray_raymt_pruned_fraction"):
+        assert name in wait_until(lambda: name in (m := scrape(METRICS_PORT)) and m, proc=_Done(), timeout=30,
+                                  what=name)
+    log = (tmp_path / "driver.log").read_text()
+    assert "(units 0/1 committed)  decoding" in log and "ETA ~" in log
+    stats = OutputStore(str(out)).read_stats().to_pylist()
+    slices = json.loads(stats[0]["slices"])
+    assert len(slices) >= 2 and sum(s["tokens"] for s in slices) >= stats[0]["target_tokens"]
+    assert all(0 < s["occupancy"] <= 1 for s in slices)
+
+
+class _Done:
+    def poll(self) -> None:
+        return None

@@ -1,0 +1,109 @@
+"""A decoder's stats over time: a sampler thread cuts the live counters into slices every few seconds.
+
+The decoding loop stays untouched: it already counts steps, live sentences per step and refills as
+it goes (``workers.engine.DecodeStats``, ``workers.scheduler.SchedulerStats``). A daemon thread in
+the decoder actor reads those counters every ``every_s`` seconds and records one ``Slice`` of their
+differences; each slice is also handed to ``on_slice`` (the actor pushes it to its Ray metrics and
+to the driver's progress board, so progress moves inside a unit, not only at unit commits). Every
+live sentence gains one target token per step, so ``tokens`` (sentence-steps) is the live count of
+target tokens decoded, beams' dead ends excluded.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    steps: int = 0
+    tokens: int = 0  # live sentences summed over steps: the target tokens decoded so far
+    refills: int = 0
+
+    def __add__(self, other: Counters) -> Counters:
+        return Counters(self.steps + other.steps, self.tokens + other.tokens, self.refills + other.refills)
+
+    def __sub__(self, other: Counters) -> Counters:
+        return Counters(self.steps - other.steps, self.tokens - other.tokens, self.refills - other.refills)
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    start: float  # wall-clock seconds (time.time())
+    end: float
+    steps: int
+    tokens: int
+    refills: int
+    occupancy: float  # live sentences per step / batch capacity
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(self.end - self.start, 1e-9)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "tokens_per_s": round(self.tokens_per_s, 1)}
+
+
+def slice_of(before: Counters, after: Counters, start: float, end: float, capacity: int) -> Slice:
+    d = after - before
+    return Slice(start, end, d.steps, d.tokens, d.refills, d.tokens / max(d.steps * capacity, 1))
+
+
+class Sampler:
+    """Reads ``counters()`` every ``every_s`` seconds on a daemon thread; keeps and reports the slices."""
+
+    def __init__(self, counters: Callable[[], Counters], capacity: Callable[[], int], every_s: float = 2.0,
+                 on_slice: Callable[[Slice], None] | None = None) -> None:
+        self.counters, self.capacity, self.every_s, self.on_slice = counters, capacity, every_s, on_slice
+        self.slices: list[Slice] = []
+        self._lock = threading.Lock()
+        self._last, self._last_t = counters(), time.time()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="raymt-stats-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.sample()
+
+    def sample(self) -> Slice | None:
+        """Cut a slice now (also called at a unit's end, so a unit's slices cover it to its last step)."""
+        with self._lock:
+            now, current = time.time(), self.counters()
+            if current == self._last:
+                self._last_t = now
+                return None
+            s = slice_of(self._last, current, self._last_t, now, self.capacity())
+            self._last, self._last_t = current, now
+            self.slices.append(s)
+        if self.on_slice is not None:
+            try:
+                self.on_slice(s)
+            except Exception:  # noqa: BLE001 - metrics or the progress board must never stop decoding
+                pass
+        return s
+
+    def take(self, since: float) -> list[Slice]:
+        """The slices that ended after ``since`` (one unit's), and forget older ones."""
+        with self._lock:
+            mine = [s for s in self.slices if s.end > since]
+            self.slices = mine[-1:]
+            return mine
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+class Board:
+    """The driver's progress board (a Ray actor with no CPUs): decoders report, the driver reads."""
+
+    def __init__(self) -> None:
+        self.reports: dict[str, dict] = {}
+
+    def report(self, actor: str, snapshot: dict) -> None:
+        self.reports[actor] = {**snapshot, "received": time.time()}
+
+    def read(self) -> dict[str, dict]:
+        return dict(self.reports)
