@@ -164,9 +164,6 @@ class DecoderWorker:
                                                  "unit_source_tokens": unit.get("source_tokens", 0),
                                                  "unit_tokens": total.tokens - unit.get("start_tokens", total.tokens)})
 
-    def ready(self) -> str:
-        return self.actor
-
     def decode(self, item: pa.Table | list[WorkUnit]) -> list[dict]:
         """An encoder's output block, or units to read and tokenise here -> one stats row a unit."""
         rows = item.to_pylist() if isinstance(item, pa.Table) else [self.encoder.encode_unit(u) for u in item]
@@ -255,6 +252,25 @@ class DecoderWorker:
             "chrf_stats": list(evaluation.chrf) if evaluation else None,
             "slices": json.dumps([x.to_dict() for x in self.sampler.take(since=started)]),
         }
+
+
+class DecoderActor:
+    """The Ray actor shell of ``DecoderWorker``. It takes no constructor arguments, so a restarted actor
+    never depends on arguments kept in the object store; the driver's probe, ``setup``, loads the
+    model (again after a restart) and answers when the actor can decode."""
+
+    def __init__(self) -> None:
+        self.worker: DecoderWorker | None = None
+
+    def setup(self, settings: DecoderSettings, columns: Columns, name: str, board) -> str:
+        if self.worker is None:
+            self.worker = DecoderWorker(settings, columns, name, board)
+        return self.worker.actor
+
+    def decode(self, item: pa.Table | list[WorkUnit]) -> list[dict]:
+        if self.worker is None:
+            raise RuntimeError("decoder actor not set up (restarted): its items are sent again")
+        return self.worker.decode(item)
 
 
 def _in_ray() -> bool:

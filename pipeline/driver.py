@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from pipeline.actors import DecoderWorker, EncoderWorker, unit_to_row
+from pipeline.actors import DecoderActor, EncoderWorker, unit_to_row
 from pipeline.dispatch import Health, Pool, Verdict
 from pipeline.timeline import Board
 from pipeline.units import WorkUnit
@@ -52,10 +52,10 @@ class Driver:
         self.pool = Pool(lo, hi, max_attempts=cfg.max_attempts, health=health)
         # Ray restarts a dead decoder actor (max_restarts=-1); its lost items come back to the driver
         # as errors (max_task_retries=0) and are sent again, counted per unit.
-        self.actor_class = ray.remote(DecoderWorker).options(num_cpus=cpus, num_gpus=gpus or None, max_restarts=-1,
-                                                             max_task_retries=0)
+        self.actor_class = ray.remote(DecoderActor).options(num_cpus=cpus, num_gpus=gpus or None, max_restarts=-1,
+                                                            max_task_retries=0)
         self.handles: dict[str, object] = {}
-        self.probes: dict[object, str] = {}  # ready() ref -> actor
+        self.probes: dict[object, str] = {}  # setup() ref -> actor
         self.in_flight: dict[object, tuple[str, int, list[WorkUnit]]] = {}  # ref -> (actor, incarnation, raw units)
         self.retry: deque[WorkUnit] = deque()
         self.finished_units = 0
@@ -137,9 +137,9 @@ class Driver:
         left = len(self.todo) - self.finished_units
         for _ in range(self.pool.to_start(left)):
             name, self.created = f"decoder-{self.created}", self.created + 1
-            handle = self.actor_class.remote(self.cfg.decoder, self.cfg.columns, name, self.board)
+            handle = self.actor_class.remote()
             self.handles[name] = handle
-            self.probes[handle.ready.remote()] = name
+            self.probes[self._setup(name)] = name
             self.pool.started(name)
         for name in self.pool.to_stop(left):  # idle actors give their resources back (autoscaling down)
             self._retire(name)
@@ -153,7 +153,11 @@ class Driver:
 
     def _probe_down(self, now: float) -> None:
         for actor in self.pool.probes_due(now):
-            self.probes[self.handles[actor].ready.remote()] = actor
+            self.probes[self._setup(actor)] = actor
+
+    def _setup(self, actor: str) -> object:
+        """The probe: loads the model where it is not loaded yet (a new or restarted actor), then answers."""
+        return self.handles[actor].setup.remote(self.cfg.decoder, self.cfg.columns, actor, self.board)
 
     def _restart_stalled(self, now: float) -> None:
         import ray

@@ -93,6 +93,8 @@ def init_ray(**kwargs) -> None:
     import ray
     from ray.data import DataContext
     DataContext.get_current().enable_progress_bars = False  # the job prints its own progress lines
+    for name, level in (("ray.data._internal.progress", logging.ERROR), ("ray.data", logging.WARNING)):
+        logging.getLogger(name).setLevel(level)  # "progress bars disabled", per-dataset INFO lines
     if ray.is_initialized():
         return
     env = {k: os.environ[k] for k in _AWS_VARS if k in os.environ}

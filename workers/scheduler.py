@@ -100,11 +100,11 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig) -> None:
+    def __init__(self, cfg: SchedulerConfig, stats: SchedulerStats | None = None) -> None:
         self.cfg = cfg
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}  # admission order
-        self.stats = SchedulerStats()
+        self.stats = stats if stats is not None else SchedulerStats()  # given: read live by the caller
 
     def add(self, request: Request) -> None:
         request.status = Status.WAITING

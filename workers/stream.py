@@ -30,7 +30,7 @@ from workers.engine import (
     stop_mask,
 )
 from workers.model import MarianModel
-from workers.scheduler import Request, Scheduler, SchedulerConfig, StepOutput
+from workers.scheduler import Request, Scheduler, SchedulerConfig, SchedulerStats, StepOutput
 from workers.search import Candidates, FinishedPool, Hypothesis, StepSelection, length_normalize
 from workers.slots import SlotCache, slot_step
 
@@ -69,6 +69,7 @@ class StreamDecoder:
     forced_eos: bool = True
     candidates: Tensor | None = None
     stats: DecodeStats = field(default_factory=DecodeStats)
+    scheduler_stats: SchedulerStats = field(default_factory=SchedulerStats)  # refills etc., live while decoding
 
     @torch.inference_mode()
     def decode(self, sources: list[list[int]]) -> list[list[Hypothesis]]:
@@ -84,7 +85,7 @@ class StreamDecoder:
         self._norm = torch.tensor([float(n) ** lp if n else 1.0 for n in range(t_cap + 2)], dtype=torch.float64)
         self._head = self.model.output_head(self.candidates) if self.candidates is not None else None
         self.free, self.slot_of, self.pools = list(range(slots)), {}, [FinishedPool(k) for _ in range(slots)]
-        self.scheduler = Scheduler(self.schedule)
+        self.scheduler = Scheduler(self.schedule, self.scheduler_stats)
         for i, src in enumerate(sources):
             self.scheduler.add(Request(i, len(src)))
         results: list[list[Hypothesis]] = [[] for _ in sources]

@@ -141,7 +141,7 @@ class Translator:
             self.shortlist_sizes.append(candidates.numel())
         decoder = StreamDecoder(self.checkpoint.model, cfg, batching, forced_eos=self.forced_eos,
                                 candidates=candidates, stats=self.stats)
-        self.scheduler_stats = decoder.scheduler.stats  # live: read while decoding (stats over time)
+        self.scheduler_stats = decoder.scheduler_stats  # live: read while decoding (stats over time)
         hyps = decoder.decode([sources[i] for i in order])
         out: list[list[Hypothesis]] = [[] for _ in sources]
         for i, h in zip(order, hyps):

@@ -92,18 +92,18 @@ def test_decoder_and_encoder_killed_repeatedly_lose_and_duplicate_nothing(cluste
     log = lambda: (tmp_path / "driver.log").read_text(errors="replace")  # noqa: E731
     try:
         encoder = wait_until(lambda: ray_processes("MapWorker"), proc, what="the encoder actor")
-        first = wait_until(lambda: ray_processes("DecoderWorker"), proc, what="the first decoder")
+        first = wait_until(lambda: ray_processes("DecoderActor"), proc, what="the first decoder")
         wait_until(lambda: committed(out) >= 1, proc, what="a first commit")
         kills = {"encoder": sum(kill(p) for p in encoder)}  # the encoder once, early in the stream
         for p in first:  # mid-unit: the next unit is in the actor's hands at once
             kill(p)
         # while it loads the model: the restarted decoder's new process, as soon as it appears
-        second = wait_until(lambda: ray_processes("DecoderWorker") - first, proc, what="the restarted decoder")
+        second = wait_until(lambda: ray_processes("DecoderActor") - first, proc, what="the restarted decoder")
         kills["during model load"] = sum(kill(p) for p in second)
         # between units: right after a commit of the (twice) restarted decoder
         before = committed(out)
         wait_until(lambda: committed(out) > before, proc, timeout=240, what="a commit after the restarts")
-        third = ray_processes("DecoderWorker") - first - second
+        third = ray_processes("DecoderActor") - first - second
         kills["between units"] = sum(kill(p) for p in third)
         assert proc.wait(timeout=400) == 0, log()
     finally:
