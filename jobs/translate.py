@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from pipeline.actors import DecoderSettings
 from pipeline.dispatch import Health
-from pipeline.driver import DecodersUnavailable
+from pipeline.driver import DecodersUnavailable, ResourcesUnavailable
 from pipeline.ledger import OutputBusy, PlanMismatch
 from pipeline.model_check import ModelError
 from pipeline.reports import markdown_table
@@ -47,17 +47,22 @@ from workers.speedups import EXACT, CpuSpeedups
 from workers.translator import Translator
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every flag's default in its help line."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--model", required=True, help="checkpoint directory or fsspec URL")
-    p.add_argument("--input", required=True)
-    p.add_argument("--output", required=True)
-    p.add_argument("--beam-size", type=int, default=5)
+    p.add_argument("--input", required=True, help=".txt, .parquet, or a directory / prefix of .parquet files (local or URL)")
+    p.add_argument("--output", required=True, help="a directory (ends in '/', exists, or has no extension) or one "
+                   "file: .parquet, else text")
+    p.add_argument("--beam-size", type=int, default=5, help="beam width (1: greedy)")
     p.add_argument("--nbest", type=int, default=1, help="hypotheses kept per sentence (<= beam size)")
-    p.add_argument("--length-penalty", type=float, default=1.0)
+    p.add_argument("--length-penalty", type=float, default=1.0, help="score / length ** penalty (HF semantics)")
     p.add_argument("--max-length", type=int, default=256, help="absolute cap on generated tokens")
     p.add_argument("--max-length-a", type=float, default=1.5, help="per-sentence cap a * source_length + b")
-    p.add_argument("--max-length-b", type=int, default=10)
+    p.add_argument("--max-length-b", type=int, default=10, help="see --max-length-a")
     p.add_argument("--max-batch-size", type=int, default=32, help="sentences per decoding batch")
     p.add_argument("--tune-batch", action="store_true",
                    help="closed-loop batch size from measured throughput and free memory, starting at "
@@ -77,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--epsilon", type=float, default=1 / 6, help="var-stream refill threshold")
     g.add_argument("--refill-threshold", type=float, default=0.5, help="topup: refill once this share is empty")
     g.add_argument("--capacity", type=int, default=0, help="streaming capacity (0: --max-batch-size sentences)")
-    g.add_argument("--capacity-unit", choices=[x.value for x in CapacityUnit], default="sentences")
+    g.add_argument("--capacity-unit", choices=[x.value for x in CapacityUnit], default="sentences",
+                   help="what --capacity counts")
     g.add_argument("--flush-every", type=int, default=0, help="var-stream: expand all sentences every N steps")
     g = p.add_argument_group("shortlist vocabulary (Shi & Knight 2017); see jobs.build_shortlist")
     g.add_argument("--shortlist", help="lex.s2t (with its .freq) or CTranslate2 .vmap file")
@@ -106,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stall-timeout", type=float, default=1800.0,
                    help="a decoder actor with work that returns nothing for this many seconds is killed and "
                         "restarted; its units are sent again")
-    g.add_argument("--text-column", default="text")
+    g.add_argument("--text-column", default="text", help="the Parquet column to translate")
     g.add_argument("--id-column", help="default: 'id' when present, else the row number")
     g.add_argument("--reference-column", help="references for --evaluate")
     g.add_argument("--evaluate", action="store_true", help="sacreBLEU BLEU and chrF against --reference-column")
@@ -122,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--skip-corrupt", action="store_true",
                    help="an unreadable Parquet file is skipped (reported) and a unit whose rows cannot be read "
                         "is written as rows with status 'unreadable', instead of failing the job")
+    g.add_argument("--debug", action="store_true", help="on a job error, the full traceback instead of one line")
     g.add_argument("--report", action="store_true",
                    help="after the job, render the per-actor stats as <output>.report.png / .html (jobs/report.py)")
     return p
@@ -201,7 +208,7 @@ def local_path(url: str) -> str:
         else os.path.abspath(url)
 
 
-JOB_ERRORS = (InputError, ModelError, PlanMismatch, OutputBusy, DecodersUnavailable, UnitsFailed)
+JOB_ERRORS = (InputError, ModelError, PlanMismatch, OutputBusy, DecodersUnavailable, UnitsFailed, ResourcesUnavailable)
 
 
 def run(args: argparse.Namespace, cfg: SearchConfig) -> None:
@@ -212,7 +219,11 @@ def run(args: argparse.Namespace, cfg: SearchConfig) -> None:
     try:
         result = run_pipeline(pc)
     except JOB_ERRORS as e:
+        if args.debug:
+            raise
         raise SystemExit(f"error: {e}") from None
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted: every committed unit is kept; rerun the same command to resume") from None
     store = OutputStore(pc.decoder.output)
     if pc.decoder.output != local_path(args.output):
         assemble(store, args.output)

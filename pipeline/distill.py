@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -77,6 +78,11 @@ def write_distilled(store: OutputStore, f: Filters, folder: str = "distilled") -
         for failed in part.column("filters").to_pylist():
             counts.update(failed)
     summary = {"rows": rows, "kept": kept, "failed": dict(sorted(counts.items())),
-               "max_length_ratio": f.max_length_ratio, "min_score": f.min_score}
-    store.write_bytes(f"{folder}/_SUMMARY.json", json.dumps(summary, indent=1).encode())
+               "max_length_ratio": _finite(f.max_length_ratio), "min_score": _finite(f.min_score)}
+    store.write_bytes(f"{folder}/_SUMMARY.json", json.dumps(summary, indent=1, allow_nan=False).encode())
     return summary
+
+
+def _finite(x: float | None) -> float | None:
+    """JSON has no infinities: an unbounded filter is written as null (no bound)."""
+    return x if x is not None and math.isfinite(x) else None

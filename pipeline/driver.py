@@ -41,6 +41,27 @@ class DecodersUnavailable(RuntimeError):
     """No decoder actor could be had within ``decoder_wait_s``; rerunning resumes."""
 
 
+class ResourcesUnavailable(RuntimeError):
+    """A decoder actor asks for more than any node of the cluster has, and no autoscaling was asked for."""
+
+
+def check_placeable(cpus: float, gpus: float, nodes: list[dict], autoscaling: bool) -> None:
+    """Fail at once if no node can ever hold one decoder actor (``nodes``: ``ray.nodes()``), unless the
+    job asked to autoscale (then the autoscaler may add such a node, and ``decoder_wait_s`` bounds it)."""
+    if autoscaling:
+        return
+    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive", True)]
+    if any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in alive):
+        return
+    total_gpus, most_cpus = sum(r.get("GPU", 0) for r in alive), max((r.get("CPU", 0) for r in alive), default=0)
+    asked = f"{gpus:g} GPU(s) and {cpus:g} CPU(s)" if gpus else f"{cpus:g} CPU(s)"
+    raise ResourcesUnavailable(
+        f"each decoder actor asks for {asked}, and no node of this cluster has that ({len(alive)} node(s), "
+        f"{total_gpus:g} GPU(s) in all, at most {most_cpus:g} CPUs on one node). Lower --gpus-per-decoder / "
+        f"--cpus-per-decoder / --threads, run on a cluster that has them, or pass --min-decoders/--max-decoders to "
+        f"wait for an autoscaler (at most --decoder-wait seconds).")
+
+
 class Driver:
     def __init__(self, cfg: PipelineConfig, result: PipelineResult, store: OutputStore, todo: list[WorkUnit],
                  start: float, pool_shape: tuple[int, int, float, float], health: Health,

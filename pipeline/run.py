@@ -28,14 +28,14 @@ import pyarrow as pa
 
 from pipeline.actors import DecoderSettings, DecoderWorker
 from pipeline.dispatch import Health
-from pipeline.driver import DecodersUnavailable, Driver
+from pipeline.driver import DecodersUnavailable, Driver, check_placeable
 from pipeline.evaluate import EvalStats, Scores, score
 from pipeline.ledger import Lease, PlanMismatch, PlanRecord, file_version, model_files
 from pipeline.model_check import check_model
 from pipeline.sink import OUTPUT_SCHEMA, OutputStore
 from pipeline.units import Columns, Plan, WorkUnit, plan_units
 
-__all__ = ["DecodersUnavailable", "PipelineConfig", "PipelineResult", "PlanMismatch", "UnitsFailed", "run_pipeline"]
+__all__ = ["DecodersUnavailable", "check_placeable", "PipelineConfig", "PipelineResult", "PlanMismatch", "UnitsFailed", "run_pipeline"]
 logger = logging.getLogger(__name__)
 _AWS_VARS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
              "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION")
@@ -181,6 +181,7 @@ def _run(cfg: PipelineConfig, plan: Plan, store: OutputStore, lease: Lease) -> P
         cfg = replace(cfg, decoder=replace(cfg.decoder, threads=cfg.decoder.threads or 2))
         resources = ray.cluster_resources()
         shape = _decoder_pool(cfg, resources.get("CPU", 1), resources.get("GPU", 0))
+        check_placeable(shape[2], shape[3], ray.nodes(), autoscaling=isinstance(cfg.decoders, tuple))
         if cfg.gpus_per_decoder:
             logger.warning("--gpus-per-decoder %s reserves GPUs for placement only: decoding runs on the CPU "
                            "(the CUDA decode path is not built yet)%s", cfg.gpus_per_decoder,

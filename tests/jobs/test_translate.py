@@ -122,3 +122,12 @@ def test_a_small_job_without_a_cluster_runs_in_process_without_starting_ray(demo
     assert out.returncode == 0, out.stderr
     assert "in-process (decoding" in out.stdout and "Started a local Ray instance" not in out.stderr
     assert len((tmp_path / "o.txt").read_text(encoding="utf-8").split("\n")[:-1]) == 12
+
+
+def test_debug_gives_the_traceback_instead_of_one_line(demo_model_dir, tmp_path):
+    import pytest
+
+    from pipeline.model_check import ModelError
+    model = broken_model(tmp_path, demo_model_dir, drop=("vocab.json",))
+    with pytest.raises(ModelError, match="tokenizer file"):
+        main(["--model", str(model), "--input", str(SAMPLE), "--output", str(tmp_path / "o.txt"), "--debug"])

@@ -26,6 +26,10 @@ def s3(monkeypatch):
                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)
     fs = fsspec.filesystem("s3", **storage_options("s3://"))
-    fs.mkdir("corpus-bucket")
+    if fs.exists("corpus-bucket"):  # moto keeps its state per process, across servers: start empty
+        fs.rm("corpus-bucket", recursive=True)
+    fs.invalidate_cache()
+    if not fs.exists("corpus-bucket"):
+        fs.mkdir("corpus-bucket")
     yield fs
     server.stop()

@@ -43,7 +43,9 @@ def test_distill_job_writes_training_ready_parquet(cluster, demo_model_dir, tmp_
                     "--threads", "1", "--unit-rows", "8"])
     table = pq.read_table(out / "distilled").sort_by("row").to_pylist()
     assert [r["row"] for r in table] == list(range(22)) and [r["reference"] for r in table] == targets
-    assert summary == json.loads((out / "distilled" / "_SUMMARY.json").read_text())
+    strict = json.loads((out / "distilled" / "_SUMMARY.json").read_text(),
+                        parse_constant=lambda c: pytest.fail(f"_SUMMARY.json holds {c}: not JSON"))
+    assert summary == strict and strict["min_score"] is None  # no bound given: null, not -Infinity
     assert summary["rows"] == 22 and summary["failed"]["duplicate"] == 1 and summary["failed"]["status"] == 1
     assert table[20]["filters"] == ["duplicate"] and table[20]["translation"] == table[0]["translation"]
     assert table[21]["filters"] == ["status", "empty"] and not table[21]["keep"]

@@ -245,3 +245,17 @@ def test_progress_and_metrics_move_inside_a_unit(cluster, demo_model_dir, tmp_pa
 class _Done:
     def poll(self) -> None:
         return None
+
+
+def test_a_decoder_no_node_can_hold_fails_at_once_unless_autoscaling(cluster, demo_model_dir, tmp_path):
+    from pipeline.driver import ResourcesUnavailable, check_placeable
+    start = time.time()
+    with pytest.raises(SystemExit, match=r"asks for 1 GPU\(s\) and 1 CPU\(s\), and no node .*0 GPU\(s\) in all"):
+        main(job(demo_model_dir, write_corpus(tmp_path / "in.parquet", clean_corpus(5)), tmp_path / "out",
+                 "--gpus-per-decoder", "1"))
+    assert time.time() - start < 30
+    gpu_node = {"Alive": True, "Resources": {"CPU": 8, "GPU": 1}}
+    check_placeable(2, 1, [{"Alive": True, "Resources": {"CPU": 2}}, gpu_node], autoscaling=False)
+    check_placeable(2, 1, [{"Alive": True, "Resources": {"CPU": 2}}], autoscaling=True)  # the autoscaler may add one
+    with pytest.raises(ResourcesUnavailable, match="at most 8 CPUs on one node"):
+        check_placeable(16, 0, [gpu_node, {"Alive": False, "Resources": {"CPU": 64}}], autoscaling=False)
