@@ -93,10 +93,16 @@ class PlanRecord:
         if self.columns != earlier.columns:
             out.append(f"columns {earlier.columns} then, {self.columns} now")
         out += _file_changes("input", earlier.inputs, self.inputs)
-        out += _file_changes("model file", earlier.model, self.model)
+        before, after = _folders(earlier.model), _folders(self.model)
+        out += [f"model files in {', '.join(before)} then, in {', '.join(after)} now"] if before != after \
+            else _file_changes("model file", earlier.model, self.model)
         if not out and (self.units, self.rows) != (earlier.units, earlier.rows):
             out.append(f"{earlier.units} units / {earlier.rows} rows then, {self.units} / {self.rows} now")
         return out
+
+
+def _folders(files: tuple[dict, ...]) -> list[str]:
+    return sorted({f["path"].rsplit("/", 1)[0] for f in files})
 
 
 def _file_changes(kind: str, old: tuple[dict, ...], new: tuple[dict, ...]) -> list[str]:
