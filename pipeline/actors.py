@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import pyarrow as pa
@@ -114,9 +115,11 @@ class DecoderWorker:
     """encoded units (or raw ones, tokenised here) -> each unit's part committed to the output and
     its stats row returned. Its stats are also cut into time slices as it decodes
     (``pipeline/timeline.py``): each unit's stats row carries its slices, and each slice goes to the
-    Ray metrics and, given a ``board``, to the driver's progress board under ``name``."""
+    Ray metrics and, given ``report``, as ``report(name, snapshot)`` (to the driver's progress board
+    on Ray, to a progress printer in-process)."""
 
-    def __init__(self, settings: DecoderSettings, columns: Columns, name: str = "", board=None) -> None:
+    def __init__(self, settings: DecoderSettings, columns: Columns, name: str = "",
+                 report: Callable[[str, dict], None] | None = None) -> None:
         self.settings = settings
         self.translator = Translator.load(model_reader(settings.model), threads=settings.threads,
                                           max_batch_size=settings.max_batch_size, speedups=settings.speedups)
@@ -134,7 +137,7 @@ class DecoderWorker:
         self.last_done = time.time()
         self.metrics = Metrics() if _in_ray() else None
         self.encoder = EncoderWorker(self.translator, columns)
-        self.name, self.board = name or self.actor, board
+        self.name, self.report = name or self.actor, report
         self.lock = threading.Lock()
         self.base = Counters()  # earlier units' counters
         self.unit: dict = {}  # the unit being decoded: name, rows, source tokens, counters at its start
@@ -156,13 +159,13 @@ class DecoderWorker:
     def _on_slice(self, s: Slice) -> None:
         if self.metrics is not None:
             self.metrics.record_slice(self.actor, s)
-        if self.board is not None:
+        if self.report is not None:
             unit = dict(self.unit)
             total = self._counters()
-            self.board.report.remote(self.name, {"time": s.end, "tokens": total.tokens, "tokens_per_s": s.tokens_per_s,
-                                                 "unit": unit.get("name"), "unit_rows": unit.get("rows", 0),
-                                                 "unit_source_tokens": unit.get("source_tokens", 0),
-                                                 "unit_tokens": total.tokens - unit.get("start_tokens", total.tokens)})
+            self.report(self.name, {"time": s.end, "tokens": total.tokens, "tokens_per_s": s.tokens_per_s,
+                                    "unit": unit.get("name"), "unit_rows": unit.get("rows", 0),
+                                    "unit_source_tokens": unit.get("source_tokens", 0),
+                                    "unit_tokens": total.tokens - unit.get("start_tokens", total.tokens)})
 
     def decode(self, item: pa.Table | list[WorkUnit]) -> list[dict]:
         """An encoder's output block, or units to read and tokenise here -> one stats row a unit."""
@@ -264,7 +267,7 @@ class DecoderActor:
 
     def setup(self, settings: DecoderSettings, columns: Columns, name: str, board) -> str:
         if self.worker is None:
-            self.worker = DecoderWorker(settings, columns, name, board)
+            self.worker = DecoderWorker(settings, columns, name, lambda actor, snapshot: board.report.remote(actor, snapshot))
         return self.worker.actor
 
     def decode(self, item: pa.Table | list[WorkUnit]) -> list[dict]:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.actors import DecoderActor, EncoderWorker, unit_to_row
 from pipeline.dispatch import Health, Pool, Verdict
-from pipeline.timeline import Board
+from pipeline.timeline import Board, Progress
 from pipeline.units import WorkUnit
 
 if TYPE_CHECKING:
@@ -83,9 +83,7 @@ class Driver:
         self.created = self.start_failures = 0
         self.last_problem = ""
         self.last_progress = time.monotonic()
-        self.rows_total = sum(u.stop - u.start for u in todo)
-        self.rows_done = 0
-        self.done_units: set[str] = set()
+        self.progress = Progress(sum(u.stop - u.start for u in todo), cfg.decoder.slice_s)
         # decoders report their time slices here: live progress inside a unit, and their liveness
         self.board = ray.remote(Board).options(num_cpus=0, max_restarts=-1).remote()
 
@@ -198,7 +196,7 @@ class Driver:
         hint = ""
         if self.gpus:
             import ray
-            hint = (f" The job asks for {self.gpus} GPU(s) per decoder; the cluster has "
+            hint = (f" The job asks for {self.gpus:g} GPU(s) per decoder; the cluster has "
                     f"{ray.cluster_resources().get('GPU', 0):g} GPU(s).")
         raise DecodersUnavailable(
             f"no decoder actor has been ready for {waited:.0f}s (--decoder-wait); {len(units)} unit(s) left: "
@@ -246,20 +244,13 @@ class Driver:
             reports = ray.get(self.board.read.remote(), timeout=5)
         except ray.exceptions.RayError:
             reports = {}
-        wall, live_rows, speed = time.time(), 0.0, 0.0
+        wall = time.time()
         for actor, r in reports.items():
             if actor in self.pool.ready:  # a slice is a sign of life (stall detection)
                 self.pool.last_alive[actor] = max(self.pool.last_alive.get(actor, now), now - (wall - r["time"]))
-            if wall - r["time"] < max(3 * self.cfg.decoder.slice_s, 5):
-                speed += r["tokens_per_s"]
-            if r.get("unit") and r["unit"] not in self.done_units:  # decoded share of a unit: tokens / source tokens
-                live_rows += min(0.95, r["unit_tokens"] / max(r["unit_source_tokens"], 1)) * r["unit_rows"]
-        elapsed = time.perf_counter() - self.start
-        done = min(self.rows_done + live_rows, self.rows_total)
-        eta = f"  ETA ~{(self.rows_total - done) * elapsed / done:.0f}s" if done else ""
-        print(f"[{elapsed:7.1f}s] rows ~{done:.0f}/{self.rows_total} (units {len(self.done_units)}/{len(self.todo)} "
-              f"committed)  decoding {speed:.0f} tokens/s{eta}  decoders {len(self.pool.ready)} ready / "
-              f"{self.pool.size}", flush=True)
+            self.progress.report(actor, r)
+        line = self.progress.line(time.perf_counter() - self.start, len(self.todo))
+        print(f"{line}  decoders {len(self.pool.ready)} ready / {self.pool.size}", flush=True)
 
     def _probed(self, ref: object, actor: str) -> None:
         import ray
@@ -312,8 +303,7 @@ class Driver:
         for row in rows:
             self.result.stats.append(row)
             self.result.target_tokens += row["target_tokens"]
-            self.rows_done += row["sentences"]
-            self.done_units.add(row["unit"])
+            self.progress.committed(row["unit"], row["sentences"])
         self.finished_units += len(rows)
 
 

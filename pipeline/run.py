@@ -33,6 +33,7 @@ from pipeline.evaluate import EvalStats, Scores, score
 from pipeline.ledger import Lease, PlanMismatch, PlanRecord, file_version, model_files
 from pipeline.model_check import check_model
 from pipeline.sink import OUTPUT_SCHEMA, OutputStore
+from pipeline.timeline import Progress
 from pipeline.units import Columns, Plan, WorkUnit, plan_units
 
 __all__ = ["DecodersUnavailable", "check_placeable", "PipelineConfig", "PipelineResult", "PlanMismatch", "UnitsFailed", "run_pipeline"]
@@ -223,7 +224,15 @@ def _local(cfg: PipelineConfig, plan: Plan) -> bool:
 
 def _decode_here(cfg: PipelineConfig, result: PipelineResult, store: OutputStore, todo: list[WorkUnit]) -> None:
     """The decoder actor's code, run in this process: each unit committed as the actors commit it."""
-    worker = DecoderWorker(cfg.decoder, cfg.columns)
+    progress, start, last = Progress(sum(u.stop - u.start for u in todo), cfg.decoder.slice_s), time.perf_counter(), [0.0]
+
+    def report(actor: str, snapshot: dict) -> None:  # from the worker's sampler thread, every slice
+        progress.report(actor, snapshot)
+        if time.perf_counter() - last[0] >= cfg.progress_every_s:
+            last[0] = time.perf_counter()
+            print(progress.line(last[0] - start, len(todo)), flush=True)
+
+    worker = DecoderWorker(cfg.decoder, cfg.columns, report=report)
     for unit in todo:
         for attempt in range(1, cfg.max_attempts + 1):
             try:
@@ -235,6 +244,8 @@ def _decode_here(cfg: PipelineConfig, result: PipelineResult, store: OutputStore
                 continue
             result.stats += rows
             result.target_tokens += sum(r["target_tokens"] for r in rows)
+            for r in rows:
+                progress.committed(r["unit"], r["sentences"])
             break
 
 

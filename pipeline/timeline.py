@@ -107,3 +107,34 @@ class Board:
 
     def read(self) -> dict[str, dict]:
         return dict(self.reports)
+
+
+class Progress:
+    """What the job prints as it goes: rows done (committed, plus inside units the decoded share,
+    target tokens so far / source tokens, capped at 0.95 of the unit), decoding speed now (the
+    slices of the last few seconds), and an ETA from the rows-done rate so far."""
+
+    def __init__(self, rows_total: int, slice_s: float) -> None:
+        self.rows_total, self.recent_s = rows_total, max(3 * slice_s, 5.0)
+        self.rows_done = 0
+        self.done_units: set[str] = set()
+        self.reports: dict[str, dict] = {}
+
+    def committed(self, unit: str, rows: int) -> None:
+        self.rows_done += rows
+        self.done_units.add(unit)
+
+    def report(self, actor: str, snapshot: dict) -> None:
+        self.reports[actor] = snapshot
+
+    def line(self, elapsed: float, units: int) -> str:
+        now, live_rows, speed = time.time(), 0.0, 0.0
+        for r in list(self.reports.values()):
+            if now - r["time"] < self.recent_s:
+                speed += r["tokens_per_s"]
+            if r.get("unit") and r["unit"] not in self.done_units:
+                live_rows += min(0.95, r["unit_tokens"] / max(r["unit_source_tokens"], 1)) * r["unit_rows"]
+        done = min(self.rows_done + live_rows, self.rows_total)
+        eta = f"  ETA ~{(self.rows_total - done) * elapsed / done:.0f}s" if done else ""
+        return (f"[{elapsed:7.1f}s] rows ~{done:.0f}/{self.rows_total} (units {len(self.done_units)}/{units} "
+                f"committed)  decoding {speed:.0f} tokens/s{eta}")

@@ -131,3 +131,16 @@ def test_debug_gives_the_traceback_instead_of_one_line(demo_model_dir, tmp_path)
     model = broken_model(tmp_path, demo_model_dir, drop=("vocab.json",))
     with pytest.raises(ModelError, match="tokenizer file"):
         main(["--model", str(model), "--input", str(SAMPLE), "--output", str(tmp_path / "o.txt"), "--debug"])
+
+
+def test_an_in_process_job_prints_progress_inside_its_unit(demo_model_dir, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.pipeline.ray_helpers import clean_corpus
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": clean_corpus(400)}), src)
+    main(["--model", str(demo_model_dir), "--input", str(src), "--output", str(tmp_path / "o.txt"), "--beam-size", "4",
+          "--threads", "1", "--progress-every", "0.5"])
+    out = capsys.readouterr().out
+    assert "(units 0/1 committed)  decoding" in out and "ETA ~" in out and "in-process (decoding" in out

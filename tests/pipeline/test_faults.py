@@ -259,3 +259,14 @@ def test_a_decoder_no_node_can_hold_fails_at_once_unless_autoscaling(cluster, de
     check_placeable(2, 1, [{"Alive": True, "Resources": {"CPU": 2}}], autoscaling=True)  # the autoscaler may add one
     with pytest.raises(ResourcesUnavailable, match="at most 8 CPUs on one node"):
         check_placeable(16, 0, [gpu_node, {"Alive": False, "Resources": {"CPU": 64}}], autoscaling=False)
+
+
+def test_no_decoder_within_decoder_wait_fails_naming_the_units_left(cluster, demo_model_dir, tmp_path):
+    src = write_corpus(tmp_path / "in.parquet", clean_corpus(5))
+    start = time.time()
+    with pytest.raises(SystemExit, match=r"no decoder actor has been ready for \d+s \(--decoder-wait\); 1 unit\(s\) "
+                                         r"left: 00000-0000000000\. The job asks for 1 GPU\(s\) per decoder; the "
+                                         r"cluster has 0 GPU\(s\)\..*rerunning the same command resumes"):
+        main(job(demo_model_dir, src, tmp_path / "out", "--gpus-per-decoder", "1", "--min-decoders", "1",
+                 "--max-decoders", "1", "--decoder-wait", "5"))  # autoscaling asked: waits, but only so long
+    assert time.time() - start < 60
