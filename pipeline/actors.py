@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from pipeline.evaluate import EvalStats, sufficient_stats
 from pipeline.metrics import Metrics
-from pipeline.sink import OutputStore
+from pipeline.sink import OutputStore, output_table
 from pipeline.storage import model_reader
 from pipeline.timeline import Counters, Sampler, Slice
 from pipeline.units import Columns, WorkUnit, read_unit
@@ -214,12 +214,8 @@ class DecoderWorker:
             nbest[i].append(piece_nbest)
         joined = [" ".join(t) for t in texts]
         nbest_rows = [b[0] if len(b) == 1 else [{"text": joined[i], "score": scores[i]}] if b else [] for i, b in enumerate(nbest)]
-        table = pa.table({
-            "id": pa.array(json.loads(row["ids"])), "row": pa.array(row["rows"], pa.int64()),
-            "source": pa.array(row["sources"], pa.string()), "translation": joined,
-            "score": pa.array(scores, pa.float32()),
-            "nbest": pa.array(nbest_rows, pa.list_(pa.struct([("text", pa.string()), ("score", pa.float32())]))),
-            "status": row["statuses"], "reason": row["reasons"], "signature": [self.settings.signature] * n})
+        table = output_table(json.loads(row["ids"]), row["rows"], row["sources"], joined, scores, nbest_rows,
+                             row["statuses"], row["reasons"], self.settings.signature)
         return table, joined
 
     def _token_logprobs(self, row: dict, hyps: list) -> pa.Array:

@@ -1,6 +1,6 @@
-"""Read a corpus (``.txt`` one sentence a line, or ``.parquet`` with ``text`` and optional ``id``)
-and write translations (``.txt`` in input order, or ``.parquet`` with id/source/translation/score/nbest).
-Paths may be local or any fsspec URL.
+"""Read a corpus whole (``.txt`` one sentence a line, or ``.parquet`` with ``text`` and optional
+``id``), for the tools that need all of it at once (``jobs.build_shortlist``). Translation output
+goes through ``pipeline.sink`` only. Paths may be local or any fsspec URL.
 """
 from __future__ import annotations
 
@@ -36,22 +36,3 @@ def read_corpus(url: str, *, text_column: str = "text", id_column: str = "id") -
     if texts and texts[-1] == "":
         texts.pop()
     return Corpus(list(range(len(texts))), [t.rstrip("\r") for t in texts])
-
-
-def write_translations(url: str, corpus: Corpus, translations: list, signature: str) -> None:
-    """``translations``: ``workers.translator.Translation`` objects aligned with ``corpus``."""
-    if url.endswith(".parquet"):
-        table = pa.table({
-            "id": corpus.ids,
-            "source": corpus.texts,
-            "translation": [t.text for t in translations],
-            "score": pa.array([t.score for t in translations], pa.float32()),
-            "nbest": [[{"text": x, "score": s} for x, s in t.nbest] for t in translations],
-            "signature": [signature] * len(translations),
-        })
-        with fsspec.open(url, "wb", **storage_options(url)) as f:
-            pq.write_table(table, f)
-        return
-    with fsspec.open(url, "wt", encoding="utf-8", **storage_options(url)) as f:
-        for t in translations:
-            f.write(t.text.replace("\n", " ") + "\n")

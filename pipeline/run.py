@@ -32,7 +32,7 @@ from pipeline.driver import DecodersUnavailable, Driver, check_placeable
 from pipeline.evaluate import EvalStats, Scores, score
 from pipeline.ledger import Lease, PlanMismatch, PlanRecord, file_version, model_files
 from pipeline.model_check import check_model
-from pipeline.sink import OUTPUT_SCHEMA, OutputStore
+from pipeline.sink import OutputStore, output_table
 from pipeline.timeline import Progress
 from pipeline.units import Columns, Plan, WorkUnit, plan_units
 
@@ -253,13 +253,8 @@ def _unreadable_part(unit: WorkUnit, reason: str, signature: str) -> pa.Table:
     """Rows of a unit that failed every attempt: ids as far as known (row numbers), status ``unreadable``."""
     n = unit.stop - unit.start
     rows = list(range(unit.offset, unit.offset + n))
-    return pa.table({"id": pa.array([str(r) for r in rows] if unit.id_column is None else [None] * n, pa.string()),
-                     "row": pa.array(rows, pa.int64()),
-                     "source": pa.array([None] * n, pa.string()), "translation": [""] * n,
-                     "score": pa.array([0.0] * n, pa.float32()),
-                     "nbest": pa.array([[]] * n, OUTPUT_SCHEMA.field("nbest").type),
-                     "status": ["unreadable"] * n, "reason": [f"unit {unit.name} could not be read: {reason}"] * n,
-                     "signature": [signature] * n})
+    return output_table(rows if unit.id_column is None else [None] * n, rows, [None] * n, [""] * n, [0.0] * n,
+                        [[]] * n, ["unreadable"] * n, [f"unit {unit.name} could not be read: {reason}"] * n, signature)
 
 
 class UnitsFailed(RuntimeError):

@@ -178,6 +178,18 @@ class OutputStore:
         self._put(self._path("_SUCCESS"), json.dumps(summary, indent=1).encode())
 
 
+def output_table(ids: list, rows: list[int], sources: list, translations: list[str], scores: list[float],
+                 nbest: list[list[dict]], statuses: list[str], reasons: list[str], signature: str) -> pa.Table:
+    """The rows of one part in ``OUTPUT_SCHEMA`` (every part is built here: decoded or unreadable)."""
+    n = len(rows)
+    return pa.table({"id": pa.array([None if x is None else str(x) for x in ids], pa.string()),
+                     "row": pa.array(rows, pa.int64()), "source": pa.array(sources, pa.string()),
+                     "translation": pa.array(translations, pa.string()), "score": pa.array(scores, pa.float32()),
+                     "nbest": pa.array(nbest, OUTPUT_SCHEMA.field("nbest").type),
+                     "status": pa.array(statuses, pa.string()), "reason": pa.array(reasons, pa.string()),
+                     "signature": pa.array([signature] * n, pa.string())}, schema=OUTPUT_SCHEMA)
+
+
 def conform(table: pa.Table) -> pa.Table:
     """``table`` with the OUTPUT_SCHEMA columns first, each cast to its type (ids as strings), extras after."""
     missing = [f.name for f in OUTPUT_SCHEMA if f.name not in table.column_names]
