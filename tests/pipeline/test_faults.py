@@ -9,6 +9,7 @@ job on the same output is refused while the first runs, mixed id types and empty
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import signal
@@ -270,3 +271,21 @@ def test_no_decoder_within_decoder_wait_fails_naming_the_units_left(cluster, dem
         main(job(demo_model_dir, src, tmp_path / "out", "--gpus-per-decoder", "1", "--min-decoders", "1",
                  "--max-decoders", "1", "--decoder-wait", "5"))  # autoscaling asked: waits, but only so long
     assert time.time() - start < 60
+
+
+def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(cluster, demo_model_dir, tmp_path, capsys):
+    src = write_corpus(tmp_path / "in.parquet", clean_corpus(400))
+    out = tmp_path / "out"
+    args = job(demo_model_dir, src, out, "--unit-rows", "20", "--beam-size", "4")
+    proc = spawn_driver(cluster, args, tmp_path / "driver.log")
+    wait_for_commits(str(out), 1, proc)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 1
+    log = (tmp_path / "driver.log").read_text()
+    assert "interrupted: every committed unit is kept; rerun the same command to resume" in log
+    assert "Traceback" not in log
+    assert not (out / "_LEASE.json").exists()  # released on the way out
+    capsys.readouterr()
+    main(args)
+    assert int(re.search(r"\((\d+) already committed\)", capsys.readouterr().out).group(1)) >= 1
+    assert_exactly_once(str(out), [f"r{i:04d}" for i in range(400)])
