@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from pipeline.evaluate import EvalStats, sufficient_stats
 from pipeline.metrics import Metrics
+from pipeline.records import EncodedUnit, UnitStats
 from pipeline.sink import OutputStore, output_table
 from pipeline.storage import model_reader
 from pipeline.timeline import Counters, Sampler, Slice
@@ -79,14 +80,14 @@ class EncoderWorker:
         rows = []
         for u in batch.column("unit").to_pylist():
             try:
-                rows.append({**self.encode_unit(WorkUnit(**json.loads(u))), "error": None})
+                rows.append({**self.encode_unit(WorkUnit(**json.loads(u))).to_row(), "error": None})
             except Exception as e:  # noqa: BLE001 - one unreadable unit must not stop the stream
                 logger.warning("cannot encode unit %s: %s", u, e)
                 rows.append({"unit": u, "error": f"{type(e).__name__}: {e}"})
         keys = dict.fromkeys(k for r in rows for k in r)  # error rows: the other columns null
         return pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in rows])
 
-    def encode_unit(self, unit: WorkUnit) -> dict:
+    def encode_unit(self, unit: WorkUnit) -> EncodedUnit:
         start = time.perf_counter()
         rows = read_unit(unit, self.columns)
         tok = self.tokenizer
@@ -105,10 +106,9 @@ class EncoderWorker:
                 piece_row.append(i)
             statuses.append(CleanText("", status).status)
             reasons.append("; ".join(reason))
-        return {"unit": json.dumps(asdict(unit)), "ids": json.dumps(rows.ids), "rows": rows.rows,
-                "sources": [t.decode("utf-8", "replace") if isinstance(t, bytes) else t for t in rows.texts],
-                "references": rows.references, "statuses": statuses, "reasons": reasons,
-                "pieces": pieces, "piece_row": piece_row, "encode_s": time.perf_counter() - start}
+        return EncodedUnit(unit, rows.ids, rows.rows,
+                           [t.decode("utf-8", "replace") if isinstance(t, bytes) else t for t in rows.texts],
+                           rows.references, statuses, reasons, pieces, piece_row, time.perf_counter() - start)
 
 
 class DecoderWorker:
@@ -167,90 +167,87 @@ class DecoderWorker:
                                     "unit_source_tokens": unit.get("source_tokens", 0),
                                     "unit_tokens": total.tokens - unit.get("start_tokens", total.tokens)})
 
-    def decode(self, item: pa.Table | list[WorkUnit]) -> list[dict]:
-        """An encoder's output block, or units to read and tokenise here -> one stats row a unit."""
-        rows = item.to_pylist() if isinstance(item, pa.Table) else [self.encoder.encode_unit(u) for u in item]
-        return [self.decode_unit(row) for row in rows if not row.get("error")]
+    def decode(self, item: pa.Table | list[WorkUnit]) -> list[UnitStats]:
+        """An encoder's output block, or units to read and tokenise here -> each unit's stats."""
+        if isinstance(item, pa.Table):  # an encoder's unreadable unit (``error``) is skipped: the sweep retries it
+            encoded = [EncodedUnit.from_row(r) for r in item.to_pylist() if not r.get("error")]
+        else:
+            encoded = [self.encoder.encode_unit(u) for u in item]
+        return [self.decode_unit(e) for e in encoded]
 
-    def decode_unit(self, row: dict) -> dict:
+    def decode_unit(self, enc: EncodedUnit) -> UnitStats:
         started = time.time()
         wait_s = started - self.last_done
-        unit = WorkUnit(**json.loads(row["unit"]))
-        tr = self.translator
+        unit, tr = enc.unit, self.translator
         with self.lock:  # this unit's counters start at zero; the sampler's totals carry on
             self.base = self.base + self._live()
             tr.stats, tr.shortlist_sizes, tr.scheduler_stats = DecodeStats(), [], None
-            self.unit = {"name": unit.name, "rows": len(row["rows"]), "source_tokens": sum(map(len, row["pieces"])),
+            self.unit = {"name": unit.name, "rows": len(enc.rows), "source_tokens": enc.source_tokens,
                          "start_tokens": self.base.tokens}
         t0 = time.perf_counter()
-        hyps = tr.translate_ids(row["pieces"], self.settings.search, self.shortlist, self.settings.batching)
+        hyps = tr.translate_ids(enc.pieces, self.settings.search, self.shortlist, self.settings.batching)
         decode_s = time.perf_counter() - t0
         self.sampler.sample()  # the unit's last slice ends with its last step
-        table, texts = self._output_table(row, hyps)
+        table, texts = self._output_table(enc, hyps)
         if self.settings.keep_reference:
-            table = table.append_column("reference", pa.array(row["references"] or [None] * len(texts), pa.string()))
+            table = table.append_column("reference", pa.array(enc.references or [None] * len(texts), pa.string()))
         if self.settings.token_logprobs:
-            table = table.append_column("token_logprobs", self._token_logprobs(row, hyps))
+            table = table.append_column("token_logprobs", self._token_logprobs(enc, hyps))
         evaluation = None
-        if self.settings.evaluate and row["references"] is not None:
-            evaluation = sufficient_stats(texts, row["references"])
-        stats = self._stats_row(unit, row, started, wait_s, decode_s, evaluation)
-        self.store.commit(unit.name, table, pa.Table.from_pylist([stats]),
+        if self.settings.evaluate and enc.references is not None:
+            evaluation = sufficient_stats(texts, enc.references)
+        stats = self._stats(enc, started, wait_s, decode_s, evaluation)
+        self.store.commit(unit.name, table, pa.Table.from_pylist([stats.to_row()]),
                           {"unit": unit.name, "rows": len(texts), "actor": self.actor, "signature": self.settings.signature})
         if self.metrics is not None:
             self.metrics.record_unit(stats)
         self.last_done = time.time()
         return stats
 
-    def _output_table(self, row: dict, hyps: list) -> tuple[pa.Table, list[str]]:
+    def _output_table(self, enc: EncodedUnit, hyps: list) -> tuple[pa.Table, list[str]]:
         tok = self.translator.checkpoint.tokenizer
-        n = len(row["rows"])
+        n = len(enc.rows)
         texts, scores = [[] for _ in range(n)], [0.0] * n
         nbest: list[list[dict]] = [[] for _ in range(n)]
-        for i, h in zip(row["piece_row"], hyps):
+        for i, h in zip(enc.piece_row, hyps):
             piece_nbest = [{"text": tok.decode(list(x.tokens)), "score": x.score} for x in h]  # decoded once
             texts[i].append(piece_nbest[0]["text"])
             scores[i] += h[0].score
             nbest[i].append(piece_nbest)
         joined = [" ".join(t) for t in texts]
         nbest_rows = [b[0] if len(b) == 1 else [{"text": joined[i], "score": scores[i]}] if b else [] for i, b in enumerate(nbest)]
-        table = output_table(json.loads(row["ids"]), row["rows"], row["sources"], joined, scores, nbest_rows,
-                             row["statuses"], row["reasons"], self.settings.signature)
+        table = output_table(enc.ids, enc.rows, enc.sources, joined, scores, nbest_rows, enc.statuses, enc.reasons,
+                             self.settings.signature)
         return table, joined
 
-    def _token_logprobs(self, row: dict, hyps: list) -> pa.Array:
+    def _token_logprobs(self, enc: EncodedUnit, hyps: list) -> pa.Array:
         """Per row: the teacher's log-prob of each token of its best translation (pieces joined)."""
-        scores = self.translator.score_ids(row["pieces"], [list(h[0].tokens) for h in hyps])
-        per_row: list[list[float]] = [[] for _ in row["rows"]]
-        for i, s in zip(row["piece_row"], scores):
+        scores = self.translator.score_ids(enc.pieces, [list(h[0].tokens) for h in hyps])
+        per_row: list[list[float]] = [[] for _ in enc.rows]
+        for i, s in zip(enc.piece_row, scores):
             per_row[i] += s
         return pa.array(per_row, pa.list_(pa.float32()))
 
-    def _stats_row(self, unit: WorkUnit, row: dict, started: float, wait_s: float, decode_s: float,
-                   evaluation: EvalStats | None) -> dict:
-        st, tr = self.translator.stats, self.translator
-        sched = tr.scheduler_stats if self.settings.batching is not None else None
-        capacity = self.settings.batching.max_batch_sentences if self.settings.batching else tr.max_batch_size
+    def _stats(self, enc: EncodedUnit, started: float, wait_s: float, decode_s: float,
+               evaluation: EvalStats | None) -> UnitStats:
+        st, tr, batching = self.translator.stats, self.translator, self.settings.batching
+        sched = tr.scheduler_stats if batching is not None else None
+        capacity = batching.max_batch_sentences if batching else tr.max_batch_size
         statuses: dict[str, int] = {}
-        for s in row["statuses"]:
+        for s in enc.statuses:
             statuses[s] = statuses.get(s, 0) + 1
-        return {
-            "unit": unit.name, "actor": self.actor, "node": self.node, "started": started, "finished": time.time(),
-            "wait_s": wait_s, "encode_s": row["encode_s"], "decode_s": decode_s, "sentences": len(row["rows"]),
-            "pieces": len(row["pieces"]), "source_tokens": sum(map(len, row["pieces"])),
-            "target_tokens": st.target_tokens, "steps": st.steps, "row_steps": st.row_steps,
-            "occupancy": st.sentence_steps / max(st.steps * capacity, 1),
-            "refills": sched.refills if sched else 0,
-            "batch_size": tr.tuner.size if tr.tuner else (self.settings.batching.max_batch_sentences
-                                                          if self.settings.batching else tr.max_batch_size),
-            "pruned_fraction": st.pruned / max(st.pruned + st.row_steps, 1),
-            "shortlist_size": sum(tr.shortlist_sizes) / len(tr.shortlist_sizes) if tr.shortlist_sizes else 0.0,
-            "statuses": json.dumps(statuses),
-            "batch_histogram": json.dumps(dict(sorted(st.batch_sizes.items()))),
-            "bleu_stats": list(evaluation.bleu) if evaluation else None,
-            "chrf_stats": list(evaluation.chrf) if evaluation else None,
-            "slices": json.dumps([x.to_dict() for x in self.sampler.take(since=started)]),
-        }
+        return UnitStats(
+            unit=enc.unit.name, actor=self.actor, node=self.node, started=started, finished=time.time(),
+            wait_s=wait_s, encode_s=enc.encode_s, decode_s=decode_s, sentences=len(enc.rows), pieces=len(enc.pieces),
+            source_tokens=enc.source_tokens, target_tokens=st.target_tokens, steps=st.steps, row_steps=st.row_steps,
+            occupancy=st.sentence_steps / max(st.steps * capacity, 1), refills=sched.refills if sched else 0,
+            batch_size=tr.tuner.size if tr.tuner else capacity,
+            pruned_fraction=st.pruned / max(st.pruned + st.row_steps, 1),
+            shortlist_size=sum(tr.shortlist_sizes) / len(tr.shortlist_sizes) if tr.shortlist_sizes else 0.0,
+            statuses=json.dumps(statuses), batch_histogram=json.dumps(dict(sorted(st.batch_sizes.items()))),
+            bleu_stats=list(evaluation.bleu) if evaluation else None,
+            chrf_stats=list(evaluation.chrf) if evaluation else None,
+            slices=json.dumps([x.to_dict() for x in self.sampler.take(since=started)]))
 
 
 class DecoderActor:
@@ -266,7 +263,7 @@ class DecoderActor:
             self.worker = DecoderWorker(settings, columns, name, lambda actor, snapshot: board.report.remote(actor, snapshot))
         return self.worker.actor
 
-    def decode(self, item: pa.Table | list[WorkUnit]) -> list[dict]:
+    def decode(self, item: pa.Table | list[WorkUnit]) -> list[UnitStats]:
         if self.worker is None:
             raise RuntimeError("decoder actor not set up (restarted): its items are sent again")
         return self.worker.decode(item)

@@ -300,10 +300,10 @@ class Driver:
                 logger.warning("decoder %s died (%d so far): probing it until Ray has restarted it", actor,
                                self.pool.deaths[actor])
             return
-        for row in rows:
-            self.result.stats.append(row)
-            self.result.target_tokens += row["target_tokens"]
-            self.progress.committed(row["unit"], row["sentences"])
+        for stats in rows:
+            self.result.stats.append(stats)
+            self.result.target_tokens += stats.target_tokens
+            self.progress.committed(stats.unit, stats.sentences)
         self.finished_units += len(rows)
 
 

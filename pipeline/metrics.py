@@ -16,6 +16,7 @@ Exported names (Ray prefixes ``ray_``; counters get ``_total``), all tagged ``ac
 """
 from __future__ import annotations
 
+from pipeline.records import UnitStats
 from pipeline.timeline import Slice
 
 
@@ -43,10 +44,12 @@ class Metrics:
         self.speed.set(s.tokens_per_s, tags)
         self.occupancy.set(s.occupancy, tags)
 
-    def record_unit(self, stats: dict) -> None:
-        tags = {"actor": stats["actor"]}
-        self.tokens.inc(stats["target_tokens"], tags)
-        self.sentences.inc(stats["sentences"], tags)
-        self.wait.inc(max(stats["wait_s"], 0.0), tags)
-        self.pruned.set(stats["pruned_fraction"], tags)
-        self.shortlist.set(stats["shortlist_size"], tags)
+    def record_unit(self, stats: UnitStats) -> None:
+        tags = {"actor": stats.actor}
+        if stats.target_tokens:
+            self.tokens.inc(stats.target_tokens, tags)
+        if stats.sentences:
+            self.sentences.inc(stats.sentences, tags)
+        self.wait.inc(max(stats.wait_s, 0.0), tags)
+        self.pruned.set(stats.pruned_fraction, tags)
+        self.shortlist.set(stats.shortlist_size, tags)

@@ -32,6 +32,7 @@ from pipeline.driver import DecodersUnavailable, Driver, check_placeable
 from pipeline.evaluate import EvalStats, Scores, score
 from pipeline.ledger import Lease, PlanMismatch, PlanRecord, file_version, model_files
 from pipeline.model_check import check_model
+from pipeline.records import UnitStats
 from pipeline.sink import OutputStore, output_table
 from pipeline.timeline import Progress
 from pipeline.units import Columns, Plan, WorkUnit, plan_units
@@ -70,7 +71,7 @@ class PipelineResult:
     target_tokens: int = 0
     seconds: float = 0.0
     scores: Scores | None = None
-    stats: list[dict] = field(default_factory=list)
+    stats: list[UnitStats] = field(default_factory=list)  # this run's units
     skipped_files: tuple = ()
     failed: dict[str, str] = field(default_factory=dict)  # unit -> reason, after max_attempts
     unreadable: dict[str, str] = field(default_factory=dict)  # failed units written as rows saying so (skip_corrupt)
@@ -83,7 +84,7 @@ class PipelineResult:
     @property
     def decode_tokens_per_second(self) -> float:
         """Target tokens per second of decoding, per decoder (this run's units)."""
-        return self.target_tokens / max(sum(r["decode_s"] for r in self.stats), 1e-9)
+        return self.target_tokens / max(sum(r.decode_s for r in self.stats), 1e-9)
 
 
 def init_ray(**kwargs) -> None:
@@ -243,9 +244,9 @@ def _decode_here(cfg: PipelineConfig, result: PipelineResult, store: OutputStore
                     result.failed[unit.name] = f"{type(e).__name__}: {e}"
                 continue
             result.stats += rows
-            result.target_tokens += sum(r["target_tokens"] for r in rows)
+            result.target_tokens += sum(r.target_tokens for r in rows)
             for r in rows:
-                progress.committed(r["unit"], r["sentences"])
+                progress.committed(r.unit, r.sentences)
             break
 
 
