@@ -175,3 +175,14 @@ def test_skip_corrupt_writes_an_unreadable_units_rows_with_their_status(cluster,
     assert all(r["translation"] == "" and "could not be read" in r["reason"] for r in table[10:20])
     assert all(r["status"] == "ok" and r["translation"] for r in table[:10] + table[20:])
     assert "00000-0000000010" in json.loads((out / "_SUCCESS").read_text())["unreadable_units"]
+
+
+def test_in_process_and_ray_routes_give_identical_output_tables(cluster, demo_model_dir, tmp_path):
+    texts = clean_corpus(14) + BAD
+    src = write_corpus(tmp_path / "in.parquet", texts)
+    main(job(demo_model_dir, src, tmp_path / "ray.parquet"))
+    main(job(demo_model_dir, src, tmp_path / "here.parquet", "--in-process"))
+    ray_table, here = pq.read_table(tmp_path / "ray.parquet"), pq.read_table(tmp_path / "here.parquet")
+    assert ray_table.equals(here)  # same cleaning, splitting, statuses, reasons, columns and translations
+    assert ray_table.num_rows == len(texts) and set(ray_table.column("status").to_pylist()) == {
+        "ok", "null", "empty", "normalised", "split"}

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
-import time
 import sys
+import time
 
 import pytest
 import torch
@@ -207,14 +208,14 @@ def test_a_build_killed_midway_never_blocks_a_later_load(tmp_path) -> None:
     loading) leaves only its private directory, and the next process builds (or loads) without waiting."""
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
     probe = "import sys; from workers.native import load; sys.exit(0 if load() is not None else 3)"
-    builder = subprocess.Popen([sys.executable, "-c", probe], env=env, cwd=os.getcwd())
+    builder = subprocess.Popen([sys.executable, "-c", probe], env=env, cwd=os.getcwd(), start_new_session=True)
     deadline = time.time() + 120
     while not list(tmp_path.glob("raymt/*-build-*/build.ninja")) and time.time() < deadline:
         if builder.poll() is not None:
             pytest.skip("the operators could not be built here")
         time.sleep(0.05)
     time.sleep(0.5)  # inside the compile
-    builder.kill()
+    os.killpg(builder.pid, signal.SIGKILL)  # the builder with its ninja and compiler, as a killed actor's group
     builder.wait()
     assert not list(tmp_path.glob("raymt/*.so")), "killed before its library was in place"
     (tmp_path / "raymt_decode_ops_avx512").mkdir()
