@@ -151,12 +151,13 @@ class Checkpoint:
     hf_config: dict
 
 
-def load_checkpoint(read: Reader, dtype: torch.dtype = torch.float32) -> Checkpoint:
-    """Load a Marian checkpoint directory served by ``read``."""
+def load_checkpoint(read: Reader, dtype: torch.dtype = torch.float32,
+                    device: torch.device | str = "cpu") -> Checkpoint:
+    """Load a Marian checkpoint directory served by ``read`` onto ``device``."""
     tokenizer, cfg, hf = load_tokenizer(read)
     model = MarianModel(cfg)
     load_state(model, read_weights(read))
-    model = model.to(dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
     return Checkpoint(model, tokenizer, hf)
 
 

@@ -48,14 +48,15 @@ class DecodeStats:
         self.batch_sizes[sentences] += 1
 
 
-def pad_sources(sources: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    """Source id lists -> src_ids (B, S) padded with ``pad_id``, src_mask (B, S) bool (True = token)."""
+def pad_sources(sources: list[list[int]], pad_id: int, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+    """Source id lists -> src_ids (B, S) padded with ``pad_id``, src_mask (B, S) bool (True = token),
+    built on the host and moved to ``device`` in one copy each."""
     s = max(len(x) for x in sources)
-    src_ids = torch.full((len(sources), s), pad_id, dtype=torch.long)
-    src_mask = torch.zeros((len(sources), s), dtype=torch.bool)
+    src_ids = torch.full((len(sources), s), pad_id, dtype=torch.long, device="cpu")
+    src_mask = torch.zeros((len(sources), s), dtype=torch.bool, device="cpu")
     for row, x in enumerate(sources):
-        src_ids[row, : len(x)], src_mask[row, : len(x)] = torch.tensor(x), True
-    return src_ids, src_mask
+        src_ids[row, : len(x)], src_mask[row, : len(x)] = torch.tensor(x, device="cpu"), True
+    return src_ids.to(device), src_mask.to(device)
 
 
 INITIAL_CAPACITY = 32  # self-attention cache positions allocated up front; the cache grows past it
@@ -93,15 +94,16 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
 
     ``candidates`` (C,): a shortlist of target ids; the output layer then computes only those.
     """
-    mc, stats = model.config, stats or DecodeStats()
+    mc, stats, dev = model.config, stats or DecodeStats(), src_ids.device
     b = src_ids.shape[0]
     max_lens = max_lengths(src_mask.sum(1).tolist(), cfg, mc.max_position_embeddings)
     cache = model.init_cache(model.encode(src_ids, src_mask), src_mask, min(max(max_lens), INITIAL_CAPACITY), rows=b)
     head = model.output_head(candidates) if candidates is not None else None
-    active, index, caps = list(range(b)), torch.arange(b), torch.tensor(max_lens)  # index: active as a tensor
-    last = torch.full((b,), mc.decoder_start_token_id, dtype=torch.long)
-    history = torch.full((b, max(max_lens)), mc.pad_token_id, dtype=torch.long)  # (N, T)
-    sums = torch.zeros(b, dtype=torch.float64)
+    active = list(range(b))
+    index, caps = torch.arange(b, device=dev), torch.tensor(max_lens, device=dev)  # index: active as a tensor
+    last = torch.full((b,), mc.decoder_start_token_id, dtype=torch.long, device=dev)
+    history = torch.full((b, max(max_lens)), mc.pad_token_id, dtype=torch.long, device=dev)  # (N, T)
+    sums = torch.zeros(b, dtype=torch.float64, device=dev)
     results: list[list[Hypothesis]] = [[] for _ in range(b)]
     with record_function("search loop"):  # the step profile's "search": this minus the model's scopes
         for step in range(max(max_lens)):
@@ -161,19 +163,20 @@ class PoolSummary:
     full: Tensor
 
     @classmethod
-    def empty(cls, b: int) -> "PoolSummary":
-        return cls(torch.full((b,), NEG_INF), torch.full((b,), NEG_INF, dtype=torch.float64),
-                   torch.zeros(b, dtype=torch.bool))
+    def empty(cls, b: int, device: torch.device | str = "cpu") -> "PoolSummary":
+        return cls(torch.full((b,), NEG_INF, device=device), torch.full((b,), NEG_INF, dtype=torch.float64, device=device),
+                   torch.zeros(b, dtype=torch.bool, device=device))
 
     def reset(self, index: Tensor) -> None:
         self.best[index], self.worst[index], self.full[index] = NEG_INF, NEG_INF, False
 
     def refresh(self, at: list[int], pools: list[FinishedPool]) -> None:
         """Entries ``at`` from their pools (after hypotheses were added to them)."""
-        index = torch.tensor(at, dtype=torch.long)
-        self.best[index] = torch.tensor([p.best_log_prob for p in pools])
-        self.worst[index] = torch.tensor([p.worst_score for p in pools], dtype=torch.float64)
-        self.full[index] = torch.tensor([p.full for p in pools])
+        dev = self.best.device
+        index = torch.tensor(at, dtype=torch.long, device=dev)
+        self.best[index] = torch.tensor([p.best_log_prob for p in pools], device=dev)
+        self.worst[index] = torch.tensor([p.worst_score for p in pools], dtype=torch.float64, device=dev)
+        self.full[index] = torch.tensor([p.full for p in pools], device=dev)
 
 
 def _finish(beams: _Beams, cands, sel, pools: list[FinishedPool], summary: PoolSummary, step: int, k: int,
@@ -224,7 +227,7 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
     ``candidates`` (C,): a shortlist of target ids; the output layer then computes only those.
     src_ids, src_mask (B, S) -> per sentence the ``cfg.num_hypotheses`` best hypotheses, best first.
     """
-    mc, stats, k = model.config, stats or DecodeStats(), cfg.beam_size
+    mc, stats, k, dev = model.config, stats or DecodeStats(), cfg.beam_size, src_ids.device
     pruning = cfg.pruning
     b = src_ids.shape[0]
     max_lens = max_lengths(src_mask.sum(1).tolist(), cfg, mc.max_position_embeddings)
@@ -233,11 +236,12 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
                              rows=b * k)  # one live beam per sentence at step 0, at most K later
     head = model.output_head(candidates) if candidates is not None else None
     pools = [FinishedPool(k) for _ in range(b)]
-    running = torch.full((b, k), float("-inf"))
+    running = torch.full((b, k), float("-inf"), device=dev)
     running[:, 0] = 0.0
-    beams = _Beams(list(range(b)), running, torch.empty((b * k, 0), dtype=torch.long), torch.arange(b))
-    summary, caps = PoolSummary.empty(b), torch.tensor(max_lens)  # (B,), (B,)
-    last = torch.full((b,), mc.decoder_start_token_id, dtype=torch.long)  # (N,) one per live slot
+    beams = _Beams(list(range(b)), running, torch.empty((b * k, 0), dtype=torch.long, device=dev),
+                   torch.arange(b, device=dev))
+    summary, caps = PoolSummary.empty(b, dev), torch.tensor(max_lens, device=dev)  # (B,), (B,)
+    last = torch.full((b,), mc.decoder_start_token_id, dtype=torch.long, device=dev)  # (N,) one per live slot
     with record_function("search loop"):  # the step profile's "search": this minus the model's scopes
         for step in range(t_max):
             n, live = len(beams.active), beams.live_slots()
@@ -261,8 +265,8 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
             source_slot = keep_t[:, None] * k + cands.beams[keep_t].gather(1, chosen)  # (B'', K)
             new_tokens = cands.tokens[keep_t].gather(1, chosen)  # (B'', K)
             new_live = torch.isfinite(running).view(-1)
-            row_of_slot = torch.full((n * k,), -1, dtype=torch.long)
-            row_of_slot[live] = torch.arange(live.numel())
+            row_of_slot = torch.full((n * k,), -1, dtype=torch.long, device=dev)
+            row_of_slot[live] = torch.arange(live.numel(), device=dev)
             rows = row_of_slot[source_slot.view(-1)[new_live]]  # (N',) old cache row of each new live slot
             with record_function("cache reorder"):  # self-attn K/V by row; cross-attn K/V by sentence, once
                 cache = cache.select(rows, step + 1, sentences=None if len(keep) == n else keep_t,

@@ -223,7 +223,7 @@ class Decoder(nn.Module):
         if cache.ancestry is not None:  # K/V in place: row n writes cache row n, reads through its ancestry
             if native is None:
                 raise ValueError("a cache with an ancestry table needs the native operators and one shared position")
-            cache.ancestry[t - 1] = torch.arange(n)
+            cache.ancestry[t - 1] = torch.arange(n, device=cache.ancestry.device)
         for i, layer in enumerate(self.layers):
             sa = layer.self_attn
             if native is not None and sa.qkv_proj is not None:  # K/V written and attended in one call
@@ -297,6 +297,11 @@ class MarianModel(nn.Module):
         """The fused step operators (workers/native.py) or None; the decoder holds them, the search
         steps read them here."""
         return self.model.decoder.native
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are: every tensor a decode creates is created here."""
+        return self.final_logits_bias.device
 
     def encode(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
         """src_ids (B, S), src_mask (B, S) bool -> memory (B, S, E)."""

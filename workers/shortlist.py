@@ -64,7 +64,7 @@ class Shortlist:
         ids.update(self.table.frequent[: self.top_n])
         for source_id in {t for src in sources for t in src}:
             ids.update(t for t, _ in self.table.translations.get(source_id, ())[: self.top_m])
-        return torch.tensor(sorted(ids), dtype=torch.long)
+        return torch.tensor(sorted(ids), dtype=torch.long, device="cpu")  # the decoder moves it to the model
 
 
 def coverage(candidates: Tensor, references: Iterable[Sequence[int]]) -> float:

@@ -52,8 +52,9 @@ class SlotCache:
         cross_k = weight.new_zeros(layers, slots, h, s_cap, d)
         self_v = weight.new_empty(self_k.shape)
         self_v[:, -1] = 0.0
-        return cls(self_k, self_v, torch.zeros(rows, t_cap, dtype=torch.long), cross_k,
-                   torch.zeros_like(cross_k), torch.zeros(slots, s_cap, dtype=torch.bool), [0] * slots)
+        return cls(self_k, self_v, torch.zeros(rows, t_cap, dtype=torch.long, device=weight.device), cross_k,
+                   torch.zeros_like(cross_k), torch.zeros(slots, s_cap, dtype=torch.bool, device=weight.device),
+                   [0] * slots)
 
     @property
     def max_length(self) -> int:
@@ -61,7 +62,7 @@ class SlotCache:
 
     def admit(self, decoder: Decoder, memory: Tensor, src_mask: Tensor, blocks: list[int]) -> None:
         """Cross-attention K/V of newly admitted sentences into their slots. memory (A, s, E), src_mask (A, s)."""
-        s, index = memory.shape[1], torch.tensor(blocks)
+        s, index = memory.shape[1], torch.tensor(blocks, device=memory.device)
         for i, layer in enumerate(decoder.layers):
             ca = layer.encoder_attn
             self.cross_k[i, index, :, :s] = ca.split(ca.k_proj(memory))  # (A, H, s, D)
@@ -93,13 +94,13 @@ def slot_step(decoder: Decoder, cache: SlotCache, tokens: Tensor, positions: Ten
     Writes each row's K/V at its position.
     """
     n, b, t_cap = tokens.shape[0], len(blocks), cache.max_length
-    index = torch.tensor(blocks)  # (B',)
+    index = torch.tensor(blocks, device=tokens.device)  # (B',)
     t = int(positions.max()) + 1
     s = max(cache.source_lengths[blk] for blk in blocks)
     x = decoder.embed_tokens(tokens) * decoder.embed_scale + decoder.embed_positions.weight[positions]  # (N, E)
     e = x.shape[1]
     cache.ancestry[rows, positions] = rows
-    steps = torch.arange(t)
+    steps = torch.arange(t, device=tokens.device)
     write_at = rows * t_cap + positions  # (N,)
     visible = steps[None, :] <= positions[:, None]  # (N, t)
     zero_entry = cache.self_k.shape[1] - 1

@@ -54,11 +54,11 @@ class _SlotState:
     last: Tensor
 
     @classmethod
-    def empty(cls, slots: int, k: int, t_cap: int, pad: int) -> "_SlotState":
-        zero = torch.zeros(slots, dtype=torch.long)
-        return cls(torch.full((slots, k), NEG_INF), zero, zero.clone(), PoolSummary.empty(slots),
-                   torch.full((slots * k, t_cap), pad, dtype=torch.long),
-                   torch.full((slots * k,), pad, dtype=torch.long))
+    def empty(cls, slots: int, k: int, t_cap: int, pad: int, device: torch.device) -> "_SlotState":
+        zero = torch.zeros(slots, dtype=torch.long, device=device)
+        return cls(torch.full((slots, k), NEG_INF, device=device), zero, zero.clone(), PoolSummary.empty(slots, device),
+                   torch.full((slots * k, t_cap), pad, dtype=torch.long, device=device),
+                   torch.full((slots * k,), pad, dtype=torch.long, device=device))
 
 
 @dataclass
@@ -80,9 +80,10 @@ class StreamDecoder:
         self.max_lens = max_lengths([len(s) for s in sources], self.search, mc.max_position_embeddings)
         t_cap = max(self.max_lens)
         self.cache = SlotCache.empty(self.model.model.decoder, slots, k, max(len(s) for s in sources), t_cap)
-        self.state = _SlotState.empty(slots, k, t_cap, mc.pad_token_id)
+        self.state = _SlotState.empty(slots, k, t_cap, mc.pad_token_id, self.model.device)
         lp = self.search.length_penalty
-        self._norm = torch.tensor([float(n) ** lp if n else 1.0 for n in range(t_cap + 2)], dtype=torch.float64)
+        self._norm = torch.tensor([float(n) ** lp if n else 1.0 for n in range(t_cap + 2)], dtype=torch.float64,
+                                  device=self.model.device)
         self._head = self.model.output_head(self.candidates) if self.candidates is not None else None
         self.free, self.slot_of, self.pools = list(range(slots)), {}, [FinishedPool(k) for _ in range(slots)]
         self.scheduler = Scheduler(self.schedule, self.scheduler_stats)
@@ -106,15 +107,15 @@ class StreamDecoder:
     def _admit(self, sources: list[list[int]], ids: tuple[int, ...]) -> None:
         """Encode the admitted sentences, write their cross-attention K/V, reset their slots."""
         k, mc, st = self.search.beam_size, self.model.config, self.state
-        src_ids, src_mask = pad_sources(sources, mc.pad_token_id)
+        src_ids, src_mask = pad_sources(sources, mc.pad_token_id, self.model.device)
         blocks = [self.free.pop(0) for _ in sources]
         with record_function("encoder"):  # encoder + cross-attention K/V of the admitted sentences
             self.cache.admit(self.model.model.decoder, self.model.encode(src_ids, src_mask), src_mask, blocks)
-        index = torch.tensor(blocks)  # (A,)
+        index = torch.tensor(blocks, device=self.model.device)  # (A,)
         st.running[index] = NEG_INF
         st.running[index, 0] = 0.0
         st.length[index] = 0
-        st.max_len[index] = torch.tensor([self.max_lens[i] for i in ids])
+        st.max_len[index] = torch.tensor([self.max_lens[i] for i in ids], device=self.model.device)
         st.pools.reset(index)
         st.last[index * k] = mc.decoder_start_token_id
         for i, b in zip(ids, blocks):
@@ -123,7 +124,7 @@ class StreamDecoder:
     def _step(self, blocks: list[int], ids: tuple[int, ...]) -> tuple[list[int], dict[int, int]]:
         """One decoder step for the sentences in slots ``blocks``; returns (finished ids, new widths of the others)."""
         k, mc, st, n = self.search.beam_size, self.model.config, self.state, len(blocks)
-        index = torch.tensor(blocks)  # (B',)
+        index = torch.tensor(blocks, device=self.model.device)  # (B',)
         running = st.running[index]  # (B', K)
         live = torch.isfinite(running)
         slots = live.view(-1).nonzero().flatten()  # (N,) index into (B' * K)

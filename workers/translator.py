@@ -45,14 +45,20 @@ class Translator:
 
     @classmethod
     def load(cls, model: str | Reader, *, threads: int | None = None, max_batch_size: int = 32,
-             speedups: CpuSpeedups = EXACT) -> "Translator":
+             speedups: CpuSpeedups = EXACT, device: torch.device | str = "cpu") -> "Translator":
         """``model``: a local directory, or a reader (e.g. ``pipeline.storage.model_reader(url)``).
-        ``speedups``: the CPU rewrites (``workers/speedups.py``); the default keeps float32 outputs."""
+        ``speedups``: the CPU rewrites (``workers/speedups.py``); the default keeps float32 outputs.
+        ``device``: where the weights live and every decode tensor is created; the CPU rewrites
+        apply on the CPU only (elsewhere they are skipped, and the log says so)."""
         if threads:
             torch.set_num_threads(threads)
+        device = torch.device(device)
         reader = local_reader(model) if isinstance(model, str) else model
-        checkpoint = load_checkpoint(reader)
-        apply_speedups(checkpoint.model, speedups)
+        checkpoint = load_checkpoint(reader, device=device)
+        if device.type == "cpu":
+            apply_speedups(checkpoint.model, speedups)
+        elif speedups != CpuSpeedups():
+            logger.info("CPU speed-ups (%s) skipped on %s", speedups.signature(), device)
         return cls(checkpoint, max_batch_size=max_batch_size)
 
     @property
@@ -125,8 +131,9 @@ class Translator:
             return self._decode_batch(sources[:half], cfg, shortlist) + self._decode_batch(sources[half:], cfg, shortlist)
 
     def _search(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None) -> list[list[Hypothesis]]:
-        src_ids, src_mask = pad_sources(sources, self.checkpoint.model.config.pad_token_id)
-        candidates = shortlist.candidates(sources) if shortlist else None
+        model = self.checkpoint.model
+        src_ids, src_mask = pad_sources(sources, model.config.pad_token_id, model.device)
+        candidates = shortlist.candidates(sources).to(model.device) if shortlist else None
         if candidates is not None:
             self.shortlist_sizes.append(candidates.numel())
         search = greedy_search if cfg.beam_size == 1 else beam_search
@@ -136,7 +143,7 @@ class Translator:
     def _stream(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
                 batching: SchedulerConfig) -> list[list[Hypothesis]]:
         order = sorted(range(len(sources)), key=lambda i: len(sources[i])) if self.sort_by_length else list(range(len(sources)))
-        candidates = shortlist.candidates(sources) if shortlist else None
+        candidates = shortlist.candidates(sources).to(self.checkpoint.model.device) if shortlist else None
         if candidates is not None:
             self.shortlist_sizes.append(candidates.numel())
         decoder = StreamDecoder(self.checkpoint.model, cfg, batching, forced_eos=self.forced_eos,

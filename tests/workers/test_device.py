@@ -1,0 +1,59 @@
+"""Every tensor a decode creates follows the model's device.
+
+Decoding runs here with torch's default device set to ``meta`` while the model stays on the CPU:
+a tensor created without ``device=`` lands on ``meta`` and the decode fails (or its output changes),
+so equal outputs prove no creation on the decode path assumes the CPU. The same code then runs
+with the model on any device (``Translator.load(..., device=)``).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workers.config import SearchConfig
+from workers.scheduler import Policy, SchedulerConfig
+from workers.shortlist import LexicalTable, Shortlist
+from workers.translator import Translator
+
+TEXTS = ["Ein Hund rennt über die Wiese.", "Zwei Männer spielen Fußball im Park.", "", "Eine Frau liest."]
+
+
+@pytest.fixture(scope="module")
+def translator(demo_model_dir):
+    return Translator.load(str(demo_model_dir), max_batch_size=2)
+
+
+def decode(translator: Translator, beam: int, batching=None, shortlist=None) -> list[str]:
+    return [t.text for t in translator.translate(TEXTS, SearchConfig(beam_size=beam, num_hypotheses=1), shortlist,
+                                                 batching)]
+
+
+@pytest.mark.parametrize("beam, policy", [(1, None), (3, None), (3, Policy.VAR_STREAM), (3, Policy.TOPUP),
+                                          (1, Policy.FIXED)])
+def test_decoding_creates_every_tensor_on_the_models_device(translator, beam, policy):
+    batching = None if policy is None else SchedulerConfig(policy=policy, max_batch_sentences=2, capacity=2,
+                                                           beam_size=beam)
+    expected = decode(translator, beam, batching)
+    with torch.device("meta"):  # anything created without device= would be a meta tensor
+        assert decode(translator, beam, batching) == expected
+
+
+def test_a_shortlisted_decode_moves_its_candidates_to_the_model(translator):
+    vocab = translator.checkpoint.model.config.decoder_vocab_size
+    shortlist = Shortlist(LexicalTable({}, list(range(vocab))), top_m=0, top_n=vocab,
+                          special_ids=translator.special_target_ids())
+    expected = decode(translator, 2, shortlist=shortlist)
+    with torch.device("meta"):
+        assert decode(translator, 2, shortlist=shortlist) == expected
+    assert translator.checkpoint.model.device == torch.device("cpu")
+
+
+def test_load_places_the_model_and_keeps_the_cpu_rewrites_to_the_cpu(demo_model_dir):
+    from workers.speedups import onednn_available
+    plain = Translator.load(str(demo_model_dir), device=torch.device("cpu"))
+    assert plain.checkpoint.model.device == torch.device("cpu")
+    assert (plain.checkpoint.model.vocab_head is not None) == onednn_available()  # the CPU rewrites applied
+    meta = Translator.load(str(demo_model_dir), device="meta")  # shapes only: a second device type on any machine
+    model = meta.checkpoint.model
+    assert model.device == torch.device("meta") and model.native is None and model.vocab_head is None
+    assert all(p.device.type == "meta" for p in model.parameters())
