@@ -15,6 +15,7 @@ from torch.profiler import record_function
 
 from workers.config import PruningConfig, SearchConfig
 from workers.model import MarianModel
+from workers.step_ops import ATEN, AtenOps
 from workers.pruning import RunningCandidates, keep_mask
 from workers.search import (
     NEG_INF,
@@ -68,16 +69,16 @@ def max_lengths(source_lengths: list[int], cfg: SearchConfig, positions: int) ->
 
 
 def score_step(logits: Tensor, slots: Tensor, running: Tensor, at_max: Tensor, mc, *, forced_eos: bool,
-               candidates: Tensor | None, native=None) -> tuple[Candidates, StepSelection]:
+               candidates: Tensor | None, ops: AtenOps = ATEN) -> tuple[Candidates, StepSelection]:
     """One beam step's scoring, shared by the batch and streaming loops.
 
     logits (N, V|C) of the live beams; slots (N,) their index into the (B' * K) slot layout;
     running (B', K) cumulative scores (-inf = no beam); at_max (B',) sentences at their length cap;
-    native: the model's fused operators (workers/native.py) or None.
+    ops: the model's step operators (workers/step_ops.py).
     """
     n, k = running.shape
     force = at_max[slots // k] if forced_eos else None
-    top = row_top_log_probs(logits, 2 * k, mc.pad_token_id, force, mc.eos_token_id, candidates, native)  # (N, M)
+    top = row_top_log_probs(logits, 2 * k, mc.pad_token_id, force, mc.eos_token_id, candidates, ops)  # (N, M)
     m = top.log_probs.shape[1]
     slot_lp = top.log_probs.new_full((n * k, m), float("-inf"))
     slot_tokens = top.tokens.new_zeros((n * k, m))
@@ -111,7 +112,7 @@ def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Se
             at_max = caps[index] <= step + 1  # (N,)
             logits = model.decode_step(last, step, cache, head)  # (N, V|C), every row at position ``step``
             top = row_top_log_probs(logits, 1, mc.pad_token_id, at_max if forced_eos else None, mc.eos_token_id,
-                                    candidates, model.native)
+                                    candidates, model.ops)
             best_lp, tokens = top.log_probs[:, 0], top.tokens[:, 0]  # (N,)
             sums += best_lp.double()
             history[:, step] = tokens
@@ -248,7 +249,7 @@ def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: Sear
             at_max = caps[beams.index] <= step + 1  # (B',)
             logits = model.decode_step(last, step, cache, head)  # (N, V|C), every row at position ``step``
             cands, sel = score_step(logits, live, beams.running, at_max, mc, forced_eos=forced_eos, candidates=candidates,
-                                    native=model.native)
+                                    ops=model.ops)
             stats.record_step(live.numel(), n)
             if bool(sel.finished.any()):
                 _finish(beams, cands, sel, pools, summary, step, k, cfg)

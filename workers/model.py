@@ -22,7 +22,8 @@ from torch import Tensor, nn
 from torch.profiler import record_function  # named scopes for the step profile (pipeline/step_profile.py)
 
 from workers.config import ModelConfig
-from workers.decoder_cache import DecoderCache, cached_attention, cross_attention
+from workers.decoder_cache import DecoderCache
+from workers.step_ops import ATEN, AtenOps, StepAt
 
 
 def sinusoidal_table(num_positions: int, dim: int) -> Tensor:
@@ -176,7 +177,7 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
         self.dropout = cfg.dropout
-        self.native = None  # fused step operators (workers/native.py), set by workers/speedups.py
+        self.ops: AtenOps = ATEN  # the step's small operators (workers/step_ops.py), set by workers/speedups.py
 
     def forward(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced. tgt_ids (B, T) -> hidden (B, T, E)."""
@@ -191,13 +192,14 @@ class Decoder(nn.Module):
     def init_cache(self, memory: Tensor, src_mask: Tensor, max_length: int, rows: int | None = None) -> DecoderCache:
         """Cross-attention K/V for every layer, once per sentence. memory (N, S, E), src_mask (N, S).
         ``max_length``: the initial self-attention capacity (it grows as steps need it). ``rows``:
-        the most decoder rows any later step has (batch decoders); with the native operators and
-        float32 the cache then keeps K/V in place and reorders rows through its ancestry table."""
+        the most decoder rows any later step has (batch decoders); with an ``in_place`` backend
+        (``NativeOps``) and float32 the cache then keeps K/V in place and reorders rows through its
+        ancestry table."""
         n = memory.shape[0]
         cross_k = torch.stack([l.encoder_attn.split(l.encoder_attn.k_proj(memory)) for l in self.layers])
         cross_v = torch.stack([l.encoder_attn.split(l.encoder_attn.v_proj(memory)) for l in self.layers])
         attn = self.layers[0].self_attn
-        in_place = rows is not None and self.native is not None and memory.dtype == torch.float32
+        in_place = rows is not None and self.ops.in_place and memory.dtype == torch.float32
         shape = (max_length, len(self.layers), max(rows, n) if in_place else n, attn.num_heads, attn.head_dim)
         self_k = memory.new_empty(shape) if in_place else memory.new_zeros(shape)  # time-major; in place: read once written
         ancestry = torch.zeros((max_length, n), dtype=torch.long, device=memory.device) if in_place else None
@@ -218,49 +220,19 @@ class Decoder(nn.Module):
             x = self.embed_tokens(tokens) * self.embed_scale + self.embed_positions.weight[positions]  # (N, E)
             self_mask = (torch.arange(t, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]  # (N,1,1,T)
         cache.reserve(t)
-        rows = None if shared else torch.arange(n, device=tokens.device)
-        native = self.native if shared and x.dtype == torch.float32 and cache.self_k.is_contiguous() else None
+        at = StepAt(t, shared) if shared else StepAt(t, False, positions, torch.arange(n, device=tokens.device), self_mask)
+        ops = self.ops.for_step(x, cache, shared)
         if cache.ancestry is not None:  # K/V in place: row n writes cache row n, reads through its ancestry
-            if native is None:
-                raise ValueError("a cache with an ancestry table needs the native operators and one shared position")
+            if not ops.in_place:
+                raise ValueError("a cache with an ancestry table needs an in-place backend and one shared position")
             cache.ancestry[t - 1] = torch.arange(n, device=cache.ancestry.device)
         for i, layer in enumerate(self.layers):
-            sa = layer.self_attn
-            if native is not None and sa.qkv_proj is not None:  # K/V written and attended in one call
-                h = native.self_attention_step(sa.qkv_proj(x), cache.self_k, cache.self_v, cache.ancestry, i, t,
-                                               sa.head_dim ** -0.5)  # (N, E)
-            else:
-                q, k, v = sa.step_qkv(x)  # (N, E), (N, H, D), (N, H, D)
-                if shared:
-                    cache.self_k[t - 1, i, :n], cache.self_v[t - 1, i, :n] = k, v
-                else:
-                    cache.self_k[positions, i, rows], cache.self_v[positions, i, rows] = k, v
-                h = _self_attention(sa, q, cache, i, t, self_mask, native)
-            x = _add_norm(layer.self_attn_layer_norm, x, sa.out_proj(h), native)
-            ca = layer.encoder_attn
-            h = cross_attention(ca.q_proj(x), cache, i, native)  # (N, E): each sentence's beams together
-            x = _add_norm(layer.encoder_attn_layer_norm, x, ca.out_proj(h), native)
-            if native is None:
-                x = layer.feed_forward(x)
-            else:
-                x = _add_norm(layer.final_layer_norm, x, layer.fc2(layer.act(layer.fc1(x))), native)
+            sa, ca = layer.self_attn, layer.encoder_attn
+            x = ops.add_norm(layer.self_attn_layer_norm, x, sa.out_proj(ops.self_attention(sa, x, cache, i, at)))
+            h = ops.cross_attention(ca.q_proj(x), cache, i)  # (N, E): each sentence's beams together
+            x = ops.add_norm(layer.encoder_attn_layer_norm, x, ca.out_proj(h))
+            x = ops.feed_forward(layer, x)
         return x
-
-
-def _self_attention(sa: Attention, q: Tensor, cache: DecoderCache, layer: int, t: int, mask: Tensor | None,
-                    native) -> Tensor:
-    """q (N, E) over the first ``t`` cached positions of ``layer`` -> (N, E), heads merged."""
-    if native is not None:  # one fused pass per (row, head) over the cache
-        return native.self_attention(q, cache.self_k, cache.self_v, cache.ancestry, layer, t, sa.head_dim ** -0.5)
-    keys, values = cache.self_k[:t, layer].permute(1, 2, 0, 3), cache.self_v[:t, layer].permute(1, 2, 0, 3)  # (N, H, T, D)
-    return cached_attention(sa.heads(q), keys, values, mask).view(q.shape[0], -1)  # (N, H, 1, D) -> (N, E)
-
-
-def _add_norm(norm: nn.LayerNorm, x: Tensor, h: Tensor, native) -> Tensor:
-    """The post-norm residual ``norm(x + h)``, (N, E); one native call when given."""
-    if native is None:
-        return norm(x + h)
-    return native.add_layer_norm(x, h, norm.weight, norm.bias, norm.eps)
 
 
 class MarianInner(nn.Module):
@@ -293,10 +265,10 @@ class MarianModel(nn.Module):
             self.lm_head.weight = self.model.decoder.embed_tokens.weight
 
     @property
-    def native(self):
-        """The fused step operators (workers/native.py) or None; the decoder holds them, the search
-        steps read them here."""
-        return self.model.decoder.native
+    def ops(self) -> AtenOps:
+        """The step's small operators (workers/step_ops.py); the decoder holds them, the search steps
+        read them here."""
+        return self.model.decoder.ops
 
     @property
     def device(self) -> torch.device:

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from workers.step_ops import ATEN, AtenOps
+
 NEG_INF = float("-inf")
 
 
@@ -60,37 +62,21 @@ def _force_eos(top: RowTop, force_eos: Tensor | None, eos_id: int) -> RowTop:
 
 
 def row_top_log_probs(logits: Tensor, num: int, pad_id: int, force_eos: Tensor | None = None,
-                      eos_id: int = 0, token_ids: Tensor | None = None, native=None) -> RowTop:
+                      eos_id: int = 0, token_ids: Tensor | None = None, ops: AtenOps = ATEN) -> RowTop:
     """Output step: logits (N, V) -> each row's ``num`` best log-probs, ``<pad>`` banned.
 
     One log-softmax (``<pad>`` included in the normaliser, as HF normalises before banning), one
-    top-k. On CPU torch's vectorised log-softmax costs less than a separate logsumexp pass, so this
-    beats the fused torch form below (``row_top_log_probs_fused``; jobs.bench_search measures both).
-    With ``native`` (workers/native.py, CPU): both in one C++ pass pair per row, the same values.
-    Rows where ``force_eos`` is set get EOS at log-prob 0 and nothing else. With a shortlist, logits
-    are over candidate positions (N, C) and ``token_ids`` (C,) maps positions to vocabulary ids.
+    top-k, by ``ops`` (``workers/step_ops.py``: ATen, or the native kernels' one C++ pass pair per
+    row with the same values). On CPU torch's vectorised log-softmax costs less than a separate
+    logsumexp pass, so this beats the fused torch form below (``row_top_log_probs_fused``;
+    jobs.bench_search measures both). Rows where ``force_eos`` is set get EOS at log-prob 0 and
+    nothing else. With a shortlist, logits are over candidate positions (N, C) and ``token_ids`` (C,)
+    maps positions to vocabulary ids.
     """
-    if native is not None and logits.device.type == "cpu":
-        skip = pad_id if token_ids is None else _position(token_ids, pad_id)
-        log_probs, tokens = native.row_top_log_softmax(logits.float().contiguous(), min(num, logits.shape[1]), skip)
-        if token_ids is not None:
-            tokens = token_ids[tokens]
-        return _force_eos(RowTop(log_probs, tokens), force_eos, eos_id)
-    lp = torch.log_softmax(logits.float(), dim=-1)  # (N, V|C)
-    if token_ids is None:
-        lp[:, pad_id] = NEG_INF
-    else:
-        lp.masked_fill_((token_ids == pad_id)[None, :], NEG_INF)
-    log_probs, tokens = torch.topk(lp, min(num, lp.shape[1]), dim=1)  # (N, M)
+    log_probs, tokens = ops.row_top(logits, num, pad_id, token_ids)  # (N, M)
     if token_ids is not None:
         tokens = token_ids[tokens]
     return _force_eos(RowTop(log_probs, tokens), force_eos, eos_id)
-
-
-def _position(token_ids: Tensor, token: int) -> int:
-    """Where ``token`` sits in a candidate list (C,), or -1."""
-    at = (token_ids == token).nonzero()
-    return int(at[0, 0]) if at.numel() else -1
 
 
 def row_top_log_probs_fused(logits: Tensor, num: int, pad_id: int, force_eos: Tensor | None = None,

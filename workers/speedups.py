@@ -20,10 +20,10 @@
   ``onednn`` is on); log-softmax and scores stay float32. The alternative to ``int8`` (not both);
   also the GPU path's dtype. Measured on this AVX512-BF16 CPU: ~1.2x over float32 at beam 5,
   BLEU within noise (+0.04 on 320 Multi30k lines, 302/320 identical).
-* ``native``: the fused C++ decode-step operators of ``workers/native.py`` (log-softmax + top-k
-  bit-equal to ATen's; one-query self- and cross-attention, float32 to ~1e-6), built on first
-  use; float32 activations only (bf16 steps keep the ATen path). Skipped, with a warning, where
-  they cannot be built.
+* ``native``: the fused C++ decode-step operators of ``workers/native.py`` as the model's step
+  backend (``workers.step_ops.NativeOps``: log-softmax + top-k bit-equal to ATen's; one-query self-
+  and cross-attention, float32 to ~1e-6), built on first use; float32 activations only (bf16 steps
+  keep ``AtenOps``). Skipped, with a warning, where they cannot be built.
 * ``warm_heap``: glibc's allocator serves tensors up to 32 MB from its heap and keeps freed memory
   (``mallopt``; a process setting, applied once) so a step's large tensors (logits, caches) reuse
   warm pages. By default glibc maps each large block fresh and returns it on free, and every step
@@ -45,8 +45,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from workers.native import load as load_native
 from workers.model import MarianModel
+from workers.native import load as load_native
+from workers.step_ops import ATEN, NativeOps
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +214,8 @@ def apply_speedups(model: MarianModel, opts: CpuSpeedups) -> MarianModel:
     if opts.int8:
         quantize_int8(model)
     if opts.native and next(model.parameters()).device.type == "cpu":
-        model.model.decoder.native = load_native()  # None (ATen path) where it cannot be built
+        kernels = load_native()  # None where they cannot be built: the ATen operators decode
+        model.model.decoder.ops = NativeOps(kernels) if kernels is not None else ATEN
     if opts.onednn and next(model.parameters()).device.type == "cpu":
         if onednn_available():
             pack_onednn(model)

@@ -139,7 +139,7 @@ class StreamDecoder:
         with record_function("output layer"):
             logits = self.model.project(hidden, self._head)  # (N, V|C)
         cands, sel = score_step(logits, slots, running, at_max, mc, forced_eos=self.forced_eos,
-                                candidates=self.candidates, native=self.model.native)
+                                candidates=self.candidates, ops=self.model.ops)
         self.stats.record_step(rows.numel(), n)
         if bool(sel.finished.any()):
             self._finish(cands, sel, blocks, index, length)

@@ -13,6 +13,7 @@ import torch
 from workers.config import SearchConfig
 from workers.scheduler import Policy, SchedulerConfig
 from workers.shortlist import LexicalTable, Shortlist
+from workers.step_ops import ATEN
 from workers.translator import Translator
 
 TEXTS = ["Ein Hund rennt über die Wiese.", "Zwei Männer spielen Fußball im Park.", "", "Eine Frau liest."]
@@ -55,5 +56,5 @@ def test_load_places_the_model_and_keeps_the_cpu_rewrites_to_the_cpu(demo_model_
     assert (plain.checkpoint.model.vocab_head is not None) == onednn_available()  # the CPU rewrites applied
     meta = Translator.load(str(demo_model_dir), device="meta")  # shapes only: a second device type on any machine
     model = meta.checkpoint.model
-    assert model.device == torch.device("meta") and model.native is None and model.vocab_head is None
+    assert model.device == torch.device("meta") and model.ops is ATEN and model.vocab_head is None
     assert all(p.device.type == "meta" for p in model.parameters())

@@ -25,6 +25,7 @@ from workers.config import ModelConfig, SearchConfig
 from workers.engine import DecodeStats, beam_search, greedy_search
 from workers.decoder_cache import DecoderCache
 from workers.native import load as load_native
+from workers.step_ops import ATEN, AtenOps, NativeOps
 from workers.search import Hypothesis
 
 E, A, B, C, D, PAD = range(6)
@@ -39,8 +40,8 @@ FALLBACK: Dist = {E: 1.0}  # prefixes a table does not list (also the -inf place
 class ScriptedModel:
     """Stands in for ``MarianModel``: encode / init_cache / decode_step / config."""
 
-    def __init__(self, probs: ProbsFn, vocab_size: int = V, native=None) -> None:
-        self.vocab_size, self.native = vocab_size, native  # native: the fused output step (workers/native.py)
+    def __init__(self, probs: ProbsFn, vocab_size: int = V, ops: AtenOps = ATEN) -> None:
+        self.vocab_size, self.ops = vocab_size, ops  # ops: the output step's backend (workers/step_ops.py)
         self.config = ModelConfig(vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=4,
                                   encoder_layers=1, decoder_layers=1, encoder_attention_heads=1,
                                   decoder_attention_heads=1, encoder_ffn_dim=4, decoder_ffn_dim=4,
@@ -159,8 +160,8 @@ TABLES = {0: EOS_RANK, 1: LENGTH, 2: CAP, 3: HEURISTIC}
 KEY = {"eos_rank": 0, "length": 1, "cap": 2, "heuristic": 3}
 
 
-def scripted_model(native=None) -> ScriptedModel:
-    return ScriptedModel(scripted(TABLES), native=native)
+def scripted_model(ops: AtenOps = ATEN) -> ScriptedModel:
+    return ScriptedModel(scripted(TABLES), ops=ops)
 
 
 def native_ops():
@@ -207,7 +208,7 @@ def native_ops():
 @pytest.mark.parametrize("scoring", ["aten", "native"])
 def test_beam_search_scripted(table: str, cfg: SearchConfig, expected: list[tuple[tuple[int, ...], float]],
                               scoring: str) -> None:
-    model = scripted_model(native_ops() if scoring == "native" else None)
+    model = scripted_model(NativeOps(native_ops()) if scoring == "native" else ATEN)
     (result,) = decode(beam_search, model, cfg, [(KEY[table], 3)])
     assert_hyps(result, expected, cfg.length_penalty)
 

@@ -14,6 +14,7 @@ from workers.decoder_cache import DecoderCache, cached_attention, cross_attentio
 from workers.native import load
 from workers.search import row_top_log_probs
 from workers.speedups import EXACT
+from workers.step_ops import NativeOps
 from workers.translator import Translator
 
 NEG_INF = float("-inf")
@@ -76,9 +77,9 @@ def test_row_top_log_probs_native_equals_aten_with_shortlist_and_forced_eos(ops)
     for ids in (None, token_ids):
         pad = 39 if ids is None else 199
         a = row_top_log_probs(logits, 6, pad, force, 0, ids)
-        b = row_top_log_probs(logits, 6, pad, force, 0, ids, ops)
+        b = row_top_log_probs(logits, 6, pad, force, 0, ids, NativeOps(ops))
         assert torch.equal(a.log_probs, b.log_probs) and torch.equal(a.tokens, b.tokens)
-    no_pad = row_top_log_probs(logits, 6, 555, None, 0, token_ids, ops)  # <pad> not a candidate: nothing skipped
+    no_pad = row_top_log_probs(logits, 6, 555, None, 0, token_ids, NativeOps(ops))  # <pad> not a candidate: nothing skipped
     assert torch.equal(no_pad.tokens, row_top_log_probs(logits, 6, 555, None, 0, token_ids).tokens)
 
 
@@ -131,7 +132,7 @@ def test_cross_attention_equals_the_sentence_grid(ops) -> None:
                          slots=slots, width=w)
     q = torch.randn(n, h * d, generator=gen)
     for layer in range(layers):
-        torch.testing.assert_close(cross_attention(q, cache, layer, ops), cross_attention(q, cache, layer),
+        torch.testing.assert_close(NativeOps(ops).cross_attention(q, cache, layer), cross_attention(q, cache, layer),
                                    atol=2e-6, rtol=1e-5)
     with pytest.raises(RuntimeError, match="sentence index out of range"):
         ops.cross_attention(q, cross_k, cross_v, 0, cache.cross_bias, torch.full((n,), b), 1.0)
@@ -142,7 +143,8 @@ def test_decoding_falls_back_to_aten_where_the_operators_cannot_be_built(tmp_pat
              "from workers.native import load\n"
              "from workers.translator import Translator\n"
              "t = Translator.load(sys.argv[1])\n"
-             "assert load() is None and t.checkpoint.model.native is None\n"
+             "from workers.step_ops import ATEN\n"
+             "assert load() is None and t.checkpoint.model.ops is ATEN\n"
              "print(t.translate(['Ein Hund läuft.'])[0].text)\n")
     env = {**os.environ, "CXX": "/bin/false", "TORCH_EXTENSIONS_DIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", probe, str(demo_model_dir)], env=env, capture_output=True, text=True,
