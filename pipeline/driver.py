@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from pipeline.actors import DecoderActor, EncoderWorker, unit_to_row
-from pipeline.dispatch import Health, Pool, Verdict
+from pipeline.dispatch import Pool, Verdict
 from pipeline.timeline import Board, Progress
 from pipeline.units import WorkUnit
 
@@ -64,13 +64,12 @@ def check_placeable(cpus: float, gpus: float, nodes: list[dict], autoscaling: bo
 
 class Driver:
     def __init__(self, cfg: PipelineConfig, result: PipelineResult, store: OutputStore, todo: list[WorkUnit],
-                 start: float, pool_shape: tuple[int, int, float, float], health: Health,
-                 lease: Lease | None = None) -> None:
+                 start: float, pool_shape: tuple[int, int, float, float], lease: Lease | None = None) -> None:
         import ray
         self.cfg, self.result, self.store, self.todo, self.start, self.lease = cfg, result, store, todo, start, lease
         lo, hi, cpus, gpus = pool_shape
         self.gpus = gpus
-        self.pool = Pool(lo, hi, max_attempts=cfg.max_attempts, health=health)
+        self.pool = Pool(lo, hi, max_attempts=cfg.max_attempts, health=cfg.health)
         # Ray restarts a dead decoder actor (max_restarts=-1); its lost items come back to the driver
         # as errors (max_task_retries=0) and are sent again, counted per unit.
         self.actor_class = ray.remote(DecoderActor).options(num_cpus=cpus, num_gpus=gpus or None, max_restarts=-1,
@@ -100,19 +99,17 @@ class Driver:
                 self._scale()
                 self._probe_down(now)
                 self._restart_stalled(now)
-                while not drained and (actor := self.pool.next_actor()) is not None:
-                    item = [self.retry.popleft()] if self.retry else feed.next()
-                    if item is None:
-                        break
+                while (actor := self.pool.next_actor()) is not None:  # retries first, then the stream
+                    item = [self.retry.popleft()] if self.retry else None if drained else feed.next()
                     if item is DRAINED:
                         drained = True
                         if feed.error:
                             logger.warning("the encoder stream stopped (%s): its undelivered units go to the decoders "
                                            "as raw units", feed.error)
+                        continue
+                    if item is None:  # nothing to send now
                         break
                     self._send(actor, item)
-                while drained and self.retry and (actor := self.pool.next_actor()) is not None:
-                    self._send(actor, [self.retry.popleft()])
                 if drained and not self.in_flight and not self.retry:
                     if swept:
                         break

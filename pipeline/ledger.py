@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 
 import fsspec
 
-from pipeline.storage import storage_options
+from pipeline.storage import put_whole, storage_options
 
 PLAN = "_PLAN.json"
 LEASE = "_LEASE.json"
@@ -169,16 +169,7 @@ class Lease:
             return {"token": "?", "expires": time.time() + self.ttl_s, "host": "?", "pid": 0}
 
     def _write(self) -> None:
-        data = json.dumps({**self.owner, "expires": time.time() + self.ttl_s}).encode()
-        self.fs.makedirs(self.path.rsplit("/", 1)[0], exist_ok=True)
-        if "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)):
-            tmp = f"{self.path}.{self.token}.tmp"
-            with self.fs.open(tmp, "wb") as f:
-                f.write(data)
-            self.fs.mv(tmp, self.path)
-        else:
-            with self.fs.open(self.path, "wb") as f:
-                f.write(data)
+        put_whole(self.fs, self.path, json.dumps({**self.owner, "expires": time.time() + self.ttl_s}).encode())
 
 
 def _stale(lease: dict) -> bool:

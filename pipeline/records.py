@@ -16,7 +16,7 @@ from pipeline.units import WorkUnit
 @dataclass(frozen=True, slots=True)
 class EncodedUnit:
     unit: WorkUnit
-    ids: list  # str | None per row
+    ids: list[str | None]  # one type per job: the id column as text, or the row number as text
     rows: list[int]  # global row numbers
     sources: list  # str | None per row, as read (invalid UTF-8 replaced)
     references: list[str] | None

@@ -172,24 +172,9 @@ def _run(cfg: PipelineConfig, plan: Plan, store: OutputStore, lease: Lease) -> P
     elif _local(cfg, plan):
         result.where = "in-process"
         logger.info("small job (%d rows, no cluster address): decoding in this process", plan.rows)
-        _decode_here(replace(cfg, decoder=replace(cfg.decoder, threads=cfg.decoder.threads or os.cpu_count() or 1)),
-                     result, store, todo)
+        _decode_here(cfg, result, store, todo)
     else:
-        init_ray()
-        import ray
-        if cfg.decoder.speedups.native:  # built once here, so no decoder builds (or can be killed building) it
-            from workers.native import prebuild
-            prebuild()
-        cfg = replace(cfg, decoder=replace(cfg.decoder, threads=cfg.decoder.threads or 2))
-        resources = ray.cluster_resources()
-        shape = _decoder_pool(cfg, resources.get("CPU", 1), resources.get("GPU", 0))
-        check_placeable(shape[2], shape[3], ray.nodes(), autoscaling=isinstance(cfg.decoders, tuple))
-        if cfg.gpus_per_decoder:
-            logger.warning("--gpus-per-decoder %s reserves GPUs for placement only: decoding runs on the CPU "
-                           "(the CUDA decode path is not built yet)%s", cfg.gpus_per_decoder,
-                           "" if resources.get("GPU") else f"; the cluster has no GPU now: the job waits at most "
-                           f"{cfg.health.decoder_wait_s:.0f}s for one (--decoder-wait)")
-        Driver(cfg, result, store, todo, start, shape, cfg.health, lease).run()
+        _decode_on_ray(cfg, result, store, todo, start, lease)
     result.seconds = time.perf_counter() - start
     if result.failed and cfg.skip_corrupt:  # every row still gets an output row, saying why it has no translation
         units = {u.name: u for u in todo}
@@ -225,6 +210,7 @@ def _local(cfg: PipelineConfig, plan: Plan) -> bool:
 
 def _decode_here(cfg: PipelineConfig, result: PipelineResult, store: OutputStore, todo: list[WorkUnit]) -> None:
     """The decoder actor's code, run in this process: each unit committed as the actors commit it."""
+    cfg = replace(cfg, decoder=replace(cfg.decoder, threads=cfg.decoder.threads or os.cpu_count() or 1))
     progress, start, last = Progress(sum(u.stop - u.start for u in todo), cfg.decoder.slice_s), time.perf_counter(), [0.0]
 
     def report(actor: str, snapshot: dict) -> None:  # from the worker's sampler thread, every slice
@@ -250,11 +236,31 @@ def _decode_here(cfg: PipelineConfig, result: PipelineResult, store: OutputStore
             break
 
 
+def _decode_on_ray(cfg: PipelineConfig, result: PipelineResult, store: OutputStore, todo: list[WorkUnit],
+                   start: float, lease: Lease) -> None:
+    """Decoder actors on the cluster (joined or started here), fed by ``pipeline.driver.Driver``."""
+    init_ray()
+    import ray
+    if cfg.decoder.speedups.native:  # built once here, so no decoder builds (or can be killed building) it
+        from workers.native import prebuild
+        prebuild()
+    cfg = replace(cfg, decoder=replace(cfg.decoder, threads=cfg.decoder.threads or 2))
+    resources = ray.cluster_resources()
+    shape = _decoder_pool(cfg, resources.get("CPU", 1), resources.get("GPU", 0))
+    check_placeable(shape[2], shape[3], ray.nodes(), autoscaling=isinstance(cfg.decoders, tuple))
+    if cfg.gpus_per_decoder:
+        logger.warning("--gpus-per-decoder %s reserves GPUs for placement only: decoding runs on the CPU "
+                       "(the CUDA decode path is not built yet)%s", cfg.gpus_per_decoder,
+                       "" if resources.get("GPU") else f"; the cluster has no GPU now: the job waits at most "
+                       f"{cfg.health.decoder_wait_s:.0f}s for one (--decoder-wait)")
+    Driver(cfg, result, store, todo, start, shape, lease).run()
+
+
 def _unreadable_part(unit: WorkUnit, reason: str, signature: str) -> pa.Table:
     """Rows of a unit that failed every attempt: ids as far as known (row numbers), status ``unreadable``."""
     n = unit.stop - unit.start
     rows = list(range(unit.offset, unit.offset + n))
-    return output_table(rows if unit.id_column is None else [None] * n, rows, [None] * n, [""] * n, [0.0] * n,
+    return output_table([str(r) for r in rows] if unit.id_column is None else [None] * n, rows, [None] * n, [""] * n, [0.0] * n,
                         [[]] * n, ["unreadable"] * n, [f"unit {unit.name} could not be read: {reason}"] * n, signature)
 
 

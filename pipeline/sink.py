@@ -24,15 +24,13 @@ e.g. distillation's, kept after them), so parts from different files always conc
 from __future__ import annotations
 
 import json
-import uuid
-
-from pipeline.ledger import LEASE, PLAN, PlanRecord
 
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.storage import storage_options
+from pipeline.ledger import LEASE, PLAN, PlanRecord
+from pipeline.storage import put_whole, storage_options
 
 OUTPUT_SCHEMA = pa.schema([
     ("id", pa.string()),
@@ -99,16 +97,7 @@ class OutputStore:
         return gone
 
     def _put(self, path: str, data: bytes) -> None:
-        """One whole file: a single PUT on object stores, temp name + atomic rename on local disk."""
-        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        if "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)):
-            tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-            with self.fs.open(tmp, "wb") as f:
-                f.write(data)
-            self.fs.mv(tmp, path)
-        else:
-            with self.fs.open(path, "wb") as f:
-                f.write(data)
+        put_whole(self.fs, path, data)
 
     def rows_committed(self) -> int:
         """Rows in this plan's committed parts, from their markers (each marker counts its part's rows)."""
@@ -178,11 +167,11 @@ class OutputStore:
         self._put(self._path("_SUCCESS"), json.dumps(summary, indent=1).encode())
 
 
-def output_table(ids: list, rows: list[int], sources: list, translations: list[str], scores: list[float],
+def output_table(ids: list[str | None], rows: list[int], sources: list, translations: list[str], scores: list[float],
                  nbest: list[list[dict]], statuses: list[str], reasons: list[str], signature: str) -> pa.Table:
     """The rows of one part in ``OUTPUT_SCHEMA`` (every part is built here: decoded or unreadable)."""
     n = len(rows)
-    return pa.table({"id": pa.array([None if x is None else str(x) for x in ids], pa.string()),
+    return pa.table({"id": pa.array(ids, pa.string()),
                      "row": pa.array(rows, pa.int64()), "source": pa.array(sources, pa.string()),
                      "translation": pa.array(translations, pa.string()), "score": pa.array(scores, pa.float32()),
                      "nbest": pa.array(nbest, OUTPUT_SCHEMA.field("nbest").type),
@@ -192,6 +181,8 @@ def output_table(ids: list, rows: list[int], sources: list, translations: list[s
 
 def conform(table: pa.Table) -> pa.Table:
     """``table`` with the OUTPUT_SCHEMA columns first, each cast to its type (ids as strings), extras after."""
+    if pa.schema(list(table.schema)[:len(OUTPUT_SCHEMA)]).equals(OUTPUT_SCHEMA):
+        return table  # built by output_table (extra columns appended after): nothing to cast
     missing = [f.name for f in OUTPUT_SCHEMA if f.name not in table.column_names]
     if missing:
         raise ValueError(f"output part lacks columns {missing}")

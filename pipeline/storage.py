@@ -6,6 +6,7 @@ S3 endpoint, credentials and region come from the usual AWS environment variable
 from __future__ import annotations
 
 import os
+import uuid
 from typing import Callable
 
 import fsspec
@@ -40,3 +41,17 @@ def read_text(url: str) -> str:
 def write_text(url: str, text: str) -> None:
     with fsspec.open(url, "wt", encoding="utf-8", **storage_options(url)) as f:
         f.write(text)
+
+
+def put_whole(fs, path: str, data: bytes) -> None:
+    """Write one whole file that a reader sees complete or not at all: a single PUT on object stores,
+    a temporary name then an atomic rename on local disk (never truncated and rewritten in place)."""
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        with fs.open(tmp, "wb") as f:
+            f.write(data)
+        fs.mv(tmp, path)
+    else:
+        with fs.open(path, "wb") as f:
+            f.write(data)

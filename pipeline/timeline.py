@@ -86,10 +86,9 @@ class Sampler:
         return s
 
     def take(self, since: float) -> list[Slice]:
-        """The slices that ended after ``since`` (one unit's), and forget older ones."""
+        """The slices that ended after ``since`` (one unit's); all kept so far are forgotten."""
         with self._lock:
-            mine = [s for s in self.slices if s.end > since]
-            self.slices = mine[-1:]
+            mine, self.slices = [s for s in self.slices if s.end > since], []
             return mine
 
     def close(self) -> None:

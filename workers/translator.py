@@ -137,7 +137,7 @@ class Translator:
         if candidates is not None:
             self.shortlist_sizes.append(candidates.numel())
         search = greedy_search if cfg.beam_size == 1 else beam_search
-        return search(self.checkpoint.model, src_ids, src_mask, cfg, forced_eos=self.forced_eos,
+        return search(model, src_ids, src_mask, cfg, forced_eos=self.forced_eos,
                       candidates=candidates, stats=self.stats)
 
     def _stream(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
