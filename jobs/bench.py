@@ -32,6 +32,7 @@ from pipeline.reports import SETS, markdown_table, read_lines, write_report
 from pipeline.shortlists import load_shortlist
 from pipeline.step_profile import step_breakdown
 from workers.config import FAST_PRUNING, SearchConfig
+from workers.engine import DecodeStats
 from workers.flops import flops_per_target_token
 from workers.speedups import EXACT, CpuSpeedups
 from workers.translator import Translator
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
     translator = loaded(args, EXACT)
-    best_translator = loaded(args, INT8)  # its own stats: the fan-out of ours-best
+    best_translator, best_stats = loaded(args, INT8), DecodeStats()  # its own stats: the fan-out of ours-best
     shortlist = None
     if args.shortlist:
         shortlist = load_shortlist(args.shortlist, translator.checkpoint.tokenizer, top_m=args.shortlist_m, top_n=100,
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     for beam in map(int, args.beams.split(",")):
         cfg = SearchConfig(beam_size=beam, max_length_a=0.0, max_length_b=256, max_decoding_length=256)
         best = replace(cfg, pruning=BEST_PRUNING)
-        factories = {"ours-exact": lambda: ours(translator, cfg), "ours-best": lambda: ours(best_translator, best, shortlist),
+        factories = {"ours-exact": lambda: ours(translator, cfg), "ours-best": lambda: ours(best_translator, best, shortlist, best_stats),
                      "ours-exact-k": lambda: ours(translator, replace(cfg, early_stopping=True)),
                      "ours-plain": lambda: ours(loaded(args, CpuSpeedups()), cfg),
                      "ours+qkv": lambda: ours(loaded(args, CpuSpeedups(fused_qkv=True)), cfg),
@@ -146,9 +147,9 @@ def main(argv: list[str] | None = None) -> None:
             refs = read_lines(os.path.join(args.data, SETS[name][1]), args.lines)
             for s in systems:
                 s.seconds.clear()
-            best_translator.stats = type(best_translator.stats)()
+            rows_before, tokens_before = best_stats.row_steps, best_stats.target_tokens
             run(systems, lines, args.repeats)
-            fan_out = best_translator.stats.row_steps / max(best_translator.stats.target_tokens, 1)
+            fan_out = (best_stats.row_steps - rows_before) / max(best_stats.target_tokens - tokens_before, 1)
             table = rows(systems, refs, count)
             add_flops(table, translator, lines, beam, peak, fan_out)
             by_name = {r["system"]: r["tokens_per_s"] for r in table}

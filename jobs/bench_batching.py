@@ -50,22 +50,20 @@ def run_all(translator: Translator, sources: list[str], runs: list[Run], repeats
     tok = translator.checkpoint.tokenizer
     for _ in range(repeats):
         for r in runs:
-            translator.stats, translator.sort_by_length = DecodeStats(), r.sort
+            translator.sort_by_length, st = r.sort, DecodeStats()
             batch = translator.max_batch_size
             if r.batching is None and not r.sort:  # mini-batch in input order
                 order = list(range(len(ids)))
                 start, hyps = time.perf_counter(), []
                 for i in range(0, len(order), batch):
-                    hyps += translator.translate_ids([ids[j] for j in order[i:i + batch]], r.cfg)
+                    hyps += translator.decode_ids([ids[j] for j in order[i:i + batch]], r.cfg, stats=st).hypotheses
             else:
                 start = time.perf_counter()
-                hyps = translator.translate_ids(ids, r.cfg, batching=r.batching)
+                hyps = translator.decode_ids(ids, r.cfg, batching=r.batching, stats=st).hypotheses
             r.seconds.append(time.perf_counter() - start)
             r.texts = [tok.decode(list(h[0].tokens)) for h in hyps]
-            r.stats = translator.stats
-            sched = translator.scheduler_stats if r.batching is not None else None
-            r.timesteps = sched.steps if sched else translator.stats.steps
-            r.batch_sizes = sched.batch_sizes if sched else []
+            r.stats, r.timesteps = st, st.steps
+            r.batch_sizes = st.scheduler.batch_sizes if r.batching is not None else []
 
 
 def table(runs: list[Run], refs: list[str], baseline: str) -> list[dict]:

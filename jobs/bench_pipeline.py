@@ -28,17 +28,15 @@ from pipeline.run import PipelineConfig, actor_table, init_ray, run_pipeline
 from pipeline.sink import OutputStore
 from pipeline.units import Columns
 from workers.config import SearchConfig
-from workers.engine import DecodeStats
 from workers.translator import Translator
 
 
 def in_process(translator: Translator, texts: list[str], cfg: SearchConfig) -> tuple[float, int]:
     """Seconds and target tokens of the bare engine over ``texts`` (tokenising not timed)."""
     ids = translator.encode(texts)
-    translator.stats = DecodeStats()
     start = time.perf_counter()
-    translator.translate_ids(ids, cfg)
-    return time.perf_counter() - start, translator.stats.target_tokens
+    decoded = translator.decode_ids(ids, cfg)
+    return time.perf_counter() - start, decoded.stats.target_tokens
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,14 +25,15 @@ from pipeline.bench_search import sentence_coverage
 from pipeline.reports import SETS, markdown_table, read_lines, write_report
 from workers.config import SearchConfig
 from workers.shortlist import Shortlist
+from workers.engine import DecodeStats
 from workers.translator import Translator
 
 
 def evaluate(translator: Translator, sources: list[str], refs: list[str], cfg: SearchConfig,
              shortlist: Shortlist | None) -> dict:
-    translator.shortlist_sizes = []
-    hyps = [t.text for t in translator.translate(sources, cfg, shortlist)]
-    tok, sizes = translator.checkpoint.tokenizer, translator.shortlist_sizes
+    stats = DecodeStats()
+    hyps = [t.text for t in translator.translate(sources, cfg, shortlist, stats=stats)]
+    tok, sizes = translator.checkpoint.tokenizer, stats.shortlist_sizes
     cov = 1.0 if shortlist is None else sentence_coverage(shortlist, [tok.encode(s) for s in sources],
                                                            [tok.encode_target(r) for r in refs])
     return {"bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2), "coverage": round(cov, 4),

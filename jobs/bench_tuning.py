@@ -20,16 +20,14 @@ import sacrebleu
 
 from pipeline.reports import SETS, markdown_table, read_lines, write_report
 from workers.config import SearchConfig
-from workers.engine import DecodeStats
 from workers.translator import Translator
 from workers.tuning import TunerConfig
 
 
 def timed(translator: Translator, ids: list[list[int]], cfg: SearchConfig) -> tuple[float, int, list]:
-    translator.stats = DecodeStats()
     start = time.perf_counter()
-    hyps = translator.translate_ids(ids, cfg)
-    return time.perf_counter() - start, translator.stats.target_tokens, hyps
+    decoded = translator.decode_ids(ids, cfg)
+    return time.perf_counter() - start, decoded.stats.target_tokens, decoded.hypotheses
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import time
 from dataclasses import replace
 
@@ -43,6 +44,7 @@ from pipeline.storage import storage_options
 from pipeline.units import Columns, InputError
 from workers.config import FAST_PRUNING, PruningConfig, SearchConfig
 from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
+from workers.device import DeviceUnavailable
 from workers.speedups import EXACT, CpuSpeedups
 from workers.translator import Translator
 
@@ -95,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bf16", action="store_true", help="bfloat16 weights and activations (instead of --int8; "
                    "fast where the CPU has AVX512-BF16/AMX, BLEU within noise)")
     p.add_argument("--no-speedups", action="store_true", help="plain torch layers: no fused QKV, no oneDNN packing")
+    p.add_argument("--device", type=device_name, metavar="{auto,cpu,cuda,cuda:N}",
+                   help="where each decoder decodes (default: cuda with --gpus-per-decoder, else cpu). A GPU that "
+                        "is not there is an error, never a silent CPU fallback. On Ray, cuda reserves one GPU "
+                        "per decoder actor unless --gpus-per-decoder says otherwise")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per decoder (0: all cores "
                    "in-process, 2 per decoder actor on Ray)")
     g = p.add_argument_group("Ray pipeline")
@@ -124,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--encoders", type=int, default=1, help="encoder (tokeniser) actors; 0: decoders tokenise")
     g.add_argument("--cpus-per-decoder", type=float, default=0, help="CPUs reserved per decoder (0: --threads)")
     g.add_argument("--gpus-per-decoder", type=float, default=0,
-                   help="GPUs reserved per decoder actor (placement only for now: decoding runs on the CPU)")
+                   help="GPUs reserved per decoder actor; each decodes on the GPU Ray assigns it (--device cuda)")
     g.add_argument("--skip-corrupt", action="store_true",
                    help="an unreadable Parquet file is skipped (reported) and a unit whose rows cannot be read "
                         "is written as rows with status 'unreadable', instead of failing the job")
@@ -166,6 +172,17 @@ def speedups_of(args: argparse.Namespace) -> CpuSpeedups:
     return replace(EXACT, int8=args.int8, bf16=args.bf16)
 
 
+def device_name(text: str) -> str:
+    """``--device``'s form (whether the GPU is there is checked where it decodes)."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected auto, cpu, cuda or cuda:N")
+    return text
+
+
+def device_of(args: argparse.Namespace) -> str:
+    return args.device or ("cuda" if args.gpus_per_decoder else "cpu")
+
+
 def signature(args: argparse.Namespace, cfg: SearchConfig) -> str:
     return f"model:{args.model}|{cfg.signature()}|batching:{args.batching}" + (
         f"|shortlist:{args.shortlist}:{args.shortlist_m}:{args.shortlist_n}" if args.shortlist else "") + (
@@ -189,14 +206,15 @@ def pipeline_config(args: argparse.Namespace, cfg: SearchConfig) -> PipelineConf
         search=cfg, batching=scheduler_config(args), signature=signature(args, cfg), threads=args.threads,
         max_batch_size=args.max_batch_size, shortlist=args.shortlist and local_path(args.shortlist),
         shortlist_m=args.shortlist_m, shortlist_n=args.shortlist_n, evaluate=args.evaluate, tune_batch=args.tune_batch,
-        speedups=speedups_of(args))
+        speedups=speedups_of(args), device=device_of(args))
+    gpus = args.gpus_per_decoder or (1 if settings.device.startswith("cuda") and not args.in_process else 0)
     decoders = args.decoders
     if args.min_decoders is not None or args.max_decoders is not None:
         decoders = (args.min_decoders or 1, args.max_decoders or max(args.min_decoders or 1, 1))
     columns = Columns(args.text_column, args.id_column, args.reference_column)
     return PipelineConfig(input=local_path(args.input), columns=columns, decoder=settings, unit_rows=args.unit_rows,
                           decoders=decoders, encoders=args.encoders, cpus_per_decoder=args.cpus_per_decoder,
-                          gpus_per_decoder=args.gpus_per_decoder, skip_corrupt=args.skip_corrupt,
+                          gpus_per_decoder=gpus, skip_corrupt=args.skip_corrupt,
                           restart=args.restart, local_rows=2**62 if args.in_process else args.local_rows,
                           in_process=args.in_process, progress_every_s=args.progress_every,
                           health=Health(decoder_wait_s=args.decoder_wait, stall_timeout_s=args.stall_timeout))
@@ -208,7 +226,8 @@ def local_path(url: str) -> str:
         else os.path.abspath(url)
 
 
-JOB_ERRORS = (InputError, ModelError, PlanMismatch, OutputBusy, DecodersUnavailable, UnitsFailed, ResourcesUnavailable)
+JOB_ERRORS = (InputError, ModelError, PlanMismatch, OutputBusy, DecodersUnavailable, UnitsFailed, ResourcesUnavailable,
+              DeviceUnavailable)
 
 
 def run(args: argparse.Namespace, cfg: SearchConfig) -> None:

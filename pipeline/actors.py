@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import pyarrow as pa
+import torch
 
 from pipeline.evaluate import EvalStats, sufficient_stats
 from pipeline.metrics import Metrics
@@ -29,6 +30,7 @@ from pipeline.timeline import Counters, Sampler, Slice
 from pipeline.units import Columns, WorkUnit, read_unit
 from workers.checkpoint import load_tokenizer
 from workers.config import SearchConfig
+from workers.device import DeviceUnavailable, resolve_device
 from workers.engine import DecodeStats
 from workers.inputs import CleanText, clean_text, split_to_fit
 from workers.scheduler import SchedulerConfig
@@ -54,7 +56,8 @@ class DecoderSettings:
     tune_batch: bool = False  # closed-loop batch size (workers/tuning.py) instead of max_batch_size
     token_logprobs: bool = False  # teacher-forced log-prob of each token of the best translation (distillation)
     keep_reference: bool = False  # the reference column travels to the output (a distillation bitext's target)
-    speedups: CpuSpeedups = EXACT  # CPU rewrites of the model (workers/speedups.py)
+    speedups: CpuSpeedups = EXACT  # CPU rewrites of the model (workers/speedups.py); applied on the CPU only
+    device: str = "cpu"  # auto | cpu | cuda | cuda:N (workers/device.py); a Ray GPU actor's "cuda" is its own GPU
     plan: str | None = None  # the output's plan digest (pipeline/ledger.py): the unit files it commits carry it
     slice_s: float = 2.0  # stats over time: one slice of the live counters every this many seconds
 
@@ -121,8 +124,11 @@ class DecoderWorker:
     def __init__(self, settings: DecoderSettings, columns: Columns, name: str = "",
                  report: Callable[[str, dict], None] | None = None) -> None:
         self.settings = settings
+        device = _device(settings.device)
         self.translator = Translator.load(model_reader(settings.model), threads=settings.threads,
-                                          max_batch_size=settings.max_batch_size, speedups=settings.speedups)
+                                          max_batch_size=settings.max_batch_size, speedups=settings.speedups,
+                                          device=device)
+        logger.info("decoder on %s%s", device, f" (Ray GPU ids {_gpu_ids()})" if device.type == "cuda" else "")
         if settings.tune_batch:
             self.translator.tune_batches(settings.search)
         self.shortlist = None
@@ -141,11 +147,12 @@ class DecoderWorker:
         self.lock = threading.Lock()
         self.base = Counters()  # earlier units' counters
         self.unit: dict = {}  # the unit being decoded: name, rows, source tokens, counters at its start
+        self.live = DecodeStats()  # the unit being decoded: the engine adds to it, the sampler reads it
         self.sampler = Sampler(self._counters, self._capacity, settings.slice_s, self._on_slice)
 
     def _live(self) -> Counters:
-        st, sched = self.translator.stats, self.translator.scheduler_stats
-        return Counters(st.steps, st.sentence_steps, sched.refills if sched is not None else 0)
+        st = self.live
+        return Counters(st.steps, st.sentence_steps, st.scheduler.refills)
 
     def _counters(self) -> Counters:
         with self.lock:
@@ -181,11 +188,12 @@ class DecoderWorker:
         unit, tr = enc.unit, self.translator
         with self.lock:  # this unit's counters start at zero; the sampler's totals carry on
             self.base = self.base + self._live()
-            tr.stats, tr.shortlist_sizes, tr.scheduler_stats = DecodeStats(), [], None
+            self.live = DecodeStats()
             self.unit = {"name": unit.name, "rows": len(enc.rows), "source_tokens": enc.source_tokens,
                          "start_tokens": self.base.tokens}
         t0 = time.perf_counter()
-        hyps = tr.translate_ids(enc.pieces, self.settings.search, self.shortlist, self.settings.batching)
+        decoded = tr.decode_ids(enc.pieces, self.settings.search, self.shortlist, self.settings.batching, stats=self.live)
+        hyps = decoded.hypotheses
         decode_s = time.perf_counter() - t0
         self.sampler.sample()  # the unit's last slice ends with its last step
         table, texts = self._output_table(enc, hyps)
@@ -196,7 +204,7 @@ class DecoderWorker:
         evaluation = None
         if self.settings.evaluate and enc.references is not None:
             evaluation = sufficient_stats(texts, enc.references)
-        stats = self._stats(enc, started, wait_s, decode_s, evaluation)
+        stats = self._stats(enc, decoded.stats, started, wait_s, decode_s, evaluation)
         self.store.commit(unit.name, table, pa.Table.from_pylist([stats.to_row()]),
                           {"unit": unit.name, "rows": len(texts), "actor": self.actor, "signature": self.settings.signature})
         if self.metrics is not None:
@@ -228,10 +236,10 @@ class DecoderWorker:
             per_row[i] += s
         return pa.array(per_row, pa.list_(pa.float32()))
 
-    def _stats(self, enc: EncodedUnit, started: float, wait_s: float, decode_s: float,
+    def _stats(self, enc: EncodedUnit, st: DecodeStats, started: float, wait_s: float, decode_s: float,
                evaluation: EvalStats | None) -> UnitStats:
-        st, tr, batching = self.translator.stats, self.translator, self.settings.batching
-        sched = tr.scheduler_stats if batching is not None else None
+        tr, batching = self.translator, self.settings.batching
+        sizes = st.shortlist_sizes
         capacity = batching.max_batch_sentences if batching else tr.max_batch_size
         statuses: dict[str, int] = {}
         for s in enc.statuses:
@@ -240,10 +248,10 @@ class DecoderWorker:
             unit=enc.unit.name, actor=self.actor, node=self.node, started=started, finished=time.time(),
             wait_s=wait_s, encode_s=enc.encode_s, decode_s=decode_s, sentences=len(enc.rows), pieces=len(enc.pieces),
             source_tokens=enc.source_tokens, target_tokens=st.target_tokens, steps=st.steps, row_steps=st.row_steps,
-            occupancy=st.sentence_steps / max(st.steps * capacity, 1), refills=sched.refills if sched else 0,
+            occupancy=st.sentence_steps / max(st.steps * capacity, 1), refills=st.scheduler.refills if batching else 0,
             batch_size=tr.tuner.size if tr.tuner else capacity,
             pruned_fraction=st.pruned / max(st.pruned + st.row_steps, 1),
-            shortlist_size=sum(tr.shortlist_sizes) / len(tr.shortlist_sizes) if tr.shortlist_sizes else 0.0,
+            shortlist_size=sum(sizes) / len(sizes) if sizes else 0.0,
             statuses=json.dumps(statuses), batch_histogram=json.dumps(dict(sorted(st.batch_sizes.items()))),
             bleu_stats=list(evaluation.bleu) if evaluation else None,
             chrf_stats=list(evaluation.chrf) if evaluation else None,
@@ -267,6 +275,24 @@ class DecoderActor:
         if self.worker is None:
             raise RuntimeError("decoder actor not set up (restarted): its items are sent again")
         return self.worker.decode(item)
+
+
+def _gpu_ids() -> list:
+    if not _in_ray():
+        return []
+    import ray
+    return ray.get_gpu_ids()
+
+
+def _device(name: str) -> torch.device:
+    """``DecoderSettings.device`` resolved here, once; on a Ray GPU actor the message names the GPU Ray
+    assigned when torch cannot see it."""
+    try:
+        return resolve_device(name)
+    except DeviceUnavailable as e:
+        ids, visible = _gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        where = f"; Ray assigned this actor GPU ids {ids} (CUDA_VISIBLE_DEVICES={visible!r})" if ids else ""
+        raise DeviceUnavailable(f"{e}{where}") from None
 
 
 def _in_ray() -> bool:

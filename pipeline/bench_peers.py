@@ -22,6 +22,7 @@ import sacrebleu
 import torch
 
 from workers.config import SearchConfig
+from workers.engine import DecodeStats
 from workers.shortlist import Shortlist
 from workers.translator import Translator
 
@@ -38,8 +39,10 @@ class PeerRun:
     rss_growth_mb: float = 0.0
 
 
-def ours(translator: Translator, cfg: SearchConfig, shortlist: Shortlist | None = None) -> Translate:
-    return lambda lines: [t.text for t in translator.translate(lines, cfg, shortlist)]
+def ours(translator: Translator, cfg: SearchConfig, shortlist: Shortlist | None = None,
+         stats: DecodeStats | None = None) -> Translate:
+    """Our translator as a system; ``stats``: the engine's counters, summed over every call."""
+    return lambda lines: [t.text for t in translator.translate(lines, cfg, shortlist, stats=stats)]
 
 
 def ctranslate2_system(model_dir: str, compute_type: str, threads: int, cfg: SearchConfig,

@@ -44,13 +44,13 @@ def run_interleaved(translator: Translator, sources: list[str], systems: list[Sy
     tok = translator.checkpoint.tokenizer
     for _ in range(repeats):
         for system in systems:
-            translator.stats, translator.shortlist_sizes = DecodeStats(), []
             start = time.perf_counter()
-            hyps = translator.translate_ids(ids, system.cfg, system.shortlist)
+            decoded = translator.decode_ids(ids, system.cfg, system.shortlist)
+            hyps = decoded.hypotheses
             system.seconds.append(time.perf_counter() - start)
             system.texts = [tok.decode(list(h[0].tokens)) for h in hyps]
             system.scores = [h[0].score for h in hyps]
-            system.stats, system.shortlist_sizes = translator.stats, translator.shortlist_sizes
+            system.stats, system.shortlist_sizes = decoded.stats, decoded.stats.shortlist_sizes
 
 
 def search_errors(exact: SystemRun, other: SystemRun) -> float:

@@ -248,11 +248,9 @@ def _decode_on_ray(cfg: PipelineConfig, result: PipelineResult, store: OutputSto
     resources = ray.cluster_resources()
     shape = _decoder_pool(cfg, resources.get("CPU", 1), resources.get("GPU", 0))
     check_placeable(shape[2], shape[3], ray.nodes(), autoscaling=isinstance(cfg.decoders, tuple))
-    if cfg.gpus_per_decoder:
-        logger.warning("--gpus-per-decoder %s reserves GPUs for placement only: decoding runs on the CPU "
-                       "(the CUDA decode path is not built yet)%s", cfg.gpus_per_decoder,
-                       "" if resources.get("GPU") else f"; the cluster has no GPU now: the job waits at most "
-                       f"{cfg.health.decoder_wait_s:.0f}s for one (--decoder-wait)")
+    if cfg.gpus_per_decoder and not resources.get("GPU"):
+        logger.warning("each decoder actor asks for %s GPU(s) and the cluster has none now: the job waits at most "
+                       "%.0fs for one (--decoder-wait)", cfg.gpus_per_decoder, cfg.health.decoder_wait_s)
     Driver(cfg, result, store, todo, start, shape, lease).run()
 
 

@@ -1,46 +1,57 @@
-"""Decoding loops around the model: encode once, then step the decoder until every sentence is done.
+"""The one decoder: a slot engine whose step loop is ``plan = schedule(); step(plan); update(plan, out)``.
 
-``greedy_search`` and ``beam_search`` run one batch of sentences; finished sentences leave the
-batch (their rows are dropped from the cache) so later steps only pay for live rows. The step
-math lives in ``workers.search``; this module only moves tensors between it and the model.
+Every policy runs here: batch decoding is the FIXED policy over length-sorted input (admit a batch,
+no refill until it is empty), VAR-BATCH / VAR-STREAM / FIFO / top-up are the scheduler's other
+policies (``workers/scheduler.py``, no torch), and greedy decoding is beam 1 on the same loop.
+
+Each step, for the sentences the scheduler planned:
+
+1. the host builds the step's row indices from what it already knows (each planned sentence's
+   slot, live width and length): one host-to-device copy;
+2. the model runs one decoder step for their live beams (rows at different target positions
+   share it; ``workers/cache.py``), then the pure search step functions (``workers/search.py``)
+   choose candidates, finished ones merge into the device-side pools, beams are reordered by
+   rewriting ancestry (``workers/beams.py``);
+3. one device-to-host copy (``Readback``) returns which sentences are done, the others' new widths
+   and the done sentences' hypotheses: **one host sync per step**, counted in ``DecodeStats.syncs``.
+
+A sentence's result does not depend on which others share its steps, so every policy returns what
+batch decoding returns (tests/workers/test_engine.py, test_stream.py).
+
+The model interface the engine uses (``MarianModel``; the tests' scripted stub): ``config``,
+``device``, ``ops``, ``new_cache``, ``admit``, ``output_head`` and ``decode_step``.
 """
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 from torch.profiler import record_function
 
-from workers.config import PruningConfig, SearchConfig
-from workers.model import MarianModel
-from workers.step_ops import ATEN, AtenOps
-from workers.pruning import RunningCandidates, keep_mask
-from workers.search import (
-    NEG_INF,
-    Candidates,
-    FinishedPool,
-    Hypothesis,
-    RowTop,
-    StepSelection,
-    length_normalize,
-    row_top_log_probs,
-    select_step,
-    top_candidates_from_rows,
-)
+from workers.beams import Readback, SlotState, stop_mask
+from workers.cache import KVCache
+from workers.config import SearchConfig
+from workers.scheduler import Policy, Request, Scheduler, SchedulerConfig, SchedulerStats, StepOutput, StepPlan
+from workers.search import Candidates, Hypothesis, RowTop, StepSelection, row_top_log_probs, select_step, \
+    top_candidates_from_rows
 
 
 @dataclass
 class DecodeStats:
-    """Counters of one decoding call (the scheduler issue extends these)."""
+    """Counters of decoding calls; the engine adds to the one it is given (read live by the actors'
+    time slices) and returns it."""
 
     steps: int = 0
     row_steps: int = 0  # decoder rows expanded (candidates = fan-out), summed over steps
     sentence_steps: int = 0  # live sentences, summed over steps
     target_tokens: int = 0
     pruned: int = 0  # running candidates discarded by pruning heuristics
+    syncs: int = 0  # device-to-host reads: one per step, one per decode for ``pruned``
     batch_sizes: Counter = field(default_factory=Counter)  # steps per number of sentences in the step
+    shortlist_sizes: list[int] = field(default_factory=list)  # candidate-set size of every decode
+    scheduler: SchedulerStats = field(default_factory=SchedulerStats)  # refills, expansions
 
     def record_step(self, rows: int, sentences: int) -> None:
         self.steps += 1
@@ -48,19 +59,22 @@ class DecodeStats:
         self.sentence_steps += sentences
         self.batch_sizes[sentences] += 1
 
+    @property
+    def occupancy(self) -> float:
+        """Mean live sentences per step."""
+        return self.sentence_steps / self.steps if self.steps else 0.0
+
 
 def pad_sources(sources: list[list[int]], pad_id: int, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
     """Source id lists -> src_ids (B, S) padded with ``pad_id``, src_mask (B, S) bool (True = token),
     built on the host and moved to ``device`` in one copy each."""
     s = max(len(x) for x in sources)
     src_ids = torch.full((len(sources), s), pad_id, dtype=torch.long, device="cpu")
-    src_mask = torch.zeros((len(sources), s), dtype=torch.bool, device="cpu")
     for row, x in enumerate(sources):
-        src_ids[row, : len(x)], src_mask[row, : len(x)] = torch.tensor(x, device="cpu"), True
+        src_ids[row, : len(x)] = torch.tensor(x, device="cpu")
+    lengths = torch.tensor([len(x) for x in sources], device="cpu")
+    src_mask = torch.arange(s, device="cpu")[None, :] < lengths[:, None]
     return src_ids.to(device), src_mask.to(device)
-
-
-INITIAL_CAPACITY = 32  # self-attention cache positions allocated up front; the cache grows past it
 
 
 def max_lengths(source_lengths: list[int], cfg: SearchConfig, positions: int) -> list[int]:
@@ -68,212 +82,199 @@ def max_lengths(source_lengths: list[int], cfg: SearchConfig, positions: int) ->
     return [min(cfg.max_length_for(n), positions) for n in source_lengths]
 
 
-def score_step(logits: Tensor, slots: Tensor, running: Tensor, at_max: Tensor, mc, *, forced_eos: bool,
-               candidates: Tensor | None, ops: AtenOps = ATEN) -> tuple[Candidates, StepSelection]:
-    """One beam step's scoring, shared by the batch and streaming loops.
-
-    logits (N, V|C) of the live beams; slots (N,) their index into the (B' * K) slot layout;
-    running (B', K) cumulative scores (-inf = no beam); at_max (B',) sentences at their length cap;
-    ops: the model's step operators (workers/step_ops.py).
-    """
-    n, k = running.shape
-    force = at_max[slots // k] if forced_eos else None
-    top = row_top_log_probs(logits, 2 * k, mc.pad_token_id, force, mc.eos_token_id, candidates, ops)  # (N, M)
+def score_step(logits: Tensor, grid: Tensor | None, running: Tensor, at_max: Tensor, force: Tensor | None, mc, *,
+               head, ops) -> tuple[Candidates, StepSelection]:
+    """One beam step's scoring. logits (N, V|C) of the run rows; grid (N,) their entries in the
+    (B' x K) layout (None: every entry runs, N = B' x K); running (B', K) cumulative scores (-inf =
+    no beam); at_max (B',) sentences at their length cap; force (N,) rows that may only end (forced
+    EOS; None: none does); head: the output layer (its candidate ids and ``<pad>`` column)."""
+    b, k = running.shape
+    top = row_top_log_probs(logits, 2 * k, mc.pad_token_id, force, mc.eos_token_id, head.ids, ops,
+                            skip=head.skip)  # (N, M)
     m = top.log_probs.shape[1]
-    slot_lp = top.log_probs.new_full((n * k, m), float("-inf"))
-    slot_tokens = top.tokens.new_zeros((n * k, m))
-    slot_lp[slots], slot_tokens[slots] = top.log_probs, top.tokens
-    cands = top_candidates_from_rows(RowTop(slot_lp.view(n, k, m), slot_tokens.view(n, k, m)), running, 2 * k)
+    if k == 1:  # one row per sentence: its best M are the sentence's candidates, already sorted
+        cands = Candidates(top.log_probs + running, torch.zeros_like(top.tokens), top.tokens, top.log_probs)
+        return cands, select_step(cands, mc.eos_token_id, at_max, k)
+    if grid is not None:  # some grid entries are empty (finished, pruned or not yet grown beams)
+        grid_lp = top.log_probs.new_full((b * k, m), float("-inf"))
+        grid_tokens = top.tokens.new_zeros((b * k, m))
+        grid_lp[grid], grid_tokens[grid] = top.log_probs, top.tokens
+        top = RowTop(grid_lp, grid_tokens)
+    cands = top_candidates_from_rows(RowTop(top.log_probs.view(b, k, m), top.tokens.view(b, k, m)), running, 2 * k)
     return cands, select_step(cands, mc.eos_token_id, at_max, k)
 
 
-@torch.inference_mode()
-def greedy_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: SearchConfig,
-                  *, forced_eos: bool = True, candidates: Tensor | None = None,
-                  stats: DecodeStats | None = None) -> list[list[Hypothesis]]:
-    """Argmax decoding. src_ids, src_mask (B, S) -> one hypothesis per sentence.
-
-    ``candidates`` (C,): a shortlist of target ids; the output layer then computes only those.
-    """
-    mc, stats, dev = model.config, stats or DecodeStats(), src_ids.device
-    b = src_ids.shape[0]
-    max_lens = max_lengths(src_mask.sum(1).tolist(), cfg, mc.max_position_embeddings)
-    cache = model.init_cache(model.encode(src_ids, src_mask), src_mask, min(max(max_lens), INITIAL_CAPACITY), rows=b)
-    head = model.output_head(candidates) if candidates is not None else None
-    active = list(range(b))
-    index, caps = torch.arange(b, device=dev), torch.tensor(max_lens, device=dev)  # index: active as a tensor
-    last = torch.full((b,), mc.decoder_start_token_id, dtype=torch.long, device=dev)
-    history = torch.full((b, max(max_lens)), mc.pad_token_id, dtype=torch.long, device=dev)  # (N, T)
-    sums = torch.zeros(b, dtype=torch.float64, device=dev)
-    results: list[list[Hypothesis]] = [[] for _ in range(b)]
-    with record_function("search loop"):  # the step profile's "search": this minus the model's scopes
-        for step in range(max(max_lens)):
-            n = len(active)
-            at_max = caps[index] <= step + 1  # (N,)
-            logits = model.decode_step(last, step, cache, head)  # (N, V|C), every row at position ``step``
-            top = row_top_log_probs(logits, 1, mc.pad_token_id, at_max if forced_eos else None, mc.eos_token_id,
-                                    candidates, model.ops)
-            best_lp, tokens = top.log_probs[:, 0], top.tokens[:, 0]  # (N,)
-            sums += best_lp.double()
-            history[:, step] = tokens
-            stats.record_step(n, n)
-            ended = (tokens == mc.eos_token_id) | at_max
-            for j in ended.nonzero().flatten().tolist():
-                total = float(sums[j])
-                results[active[j]] = [Hypothesis(tuple(history[j, : step + 1].tolist()),
-                                                 length_normalize(total, step + 1, cfg.length_penalty), total)]
-            keep = (~ended).nonzero().flatten()
-            if keep.numel() == 0:
-                break
-            if keep.numel() < n:
-                with record_function("cache reorder"):
-                    cache = cache.select(keep, step + 1, zero_tail=False, reuse=True)  # rows share one position
-                active, index = [active[j] for j in keep.tolist()], index[keep]
-                history, sums = history[keep], sums[keep]
-            last = tokens[keep]
-    stats.target_tokens += sum(len(r[0].tokens) for r in results)
-    return results
-
-
 @dataclass
-class _Beams:
-    """Beam-search state of the sentences still decoding. Slots are (sentence, beam) pairs laid out
-    row-major as ``j * K + beam``; only live slots (finite running score) own a cache row, in slot order.
+class _Slot:
+    """A decoding sentence as the host sees it: its slot, live width and length come from the
+    scheduler's request and the last readback."""
 
-    running (B', K) cumulative log-probs (-inf = no candidate); history (B' * K, step) tokens per slot;
-    index (B',) the sentences' batch positions (``active`` as a tensor).
-    """
-
-    active: list[int]
-    running: Tensor
-    history: Tensor
-    index: Tensor
-
-    def live_slots(self) -> Tensor:
-        return torch.isfinite(self.running).view(-1).nonzero().flatten()  # (N,)
+    index: int
+    source_length: int
+    max_length: int
 
 
-@dataclass
-class PoolSummary:
-    """Per sentence (or streaming slot) (B,), what the stop test and pruning read from its finished
-    pool: best raw log-prob, worst kept normalised score (float64, as the pool holds them; -inf
-    until full), pool full. Shared by the batch and streaming decoders."""
+class Engine:
+    """Decodes lists of source ids under one search config and scheduler policy."""
 
-    best: Tensor
-    worst: Tensor
-    full: Tensor
+    def __init__(self, model, search: SearchConfig, schedule: SchedulerConfig, *, forced_eos: bool = True,
+                 candidates: Tensor | None = None, stats: DecodeStats | None = None) -> None:
+        self.model, self.search, self.schedule, self.forced_eos = model, search, schedule, forced_eos
+        self.candidates = candidates
+        self.stats = stats if stats is not None else DecodeStats()
 
-    @classmethod
-    def empty(cls, b: int, device: torch.device | str = "cpu") -> "PoolSummary":
-        return cls(torch.full((b,), NEG_INF, device=device), torch.full((b,), NEG_INF, dtype=torch.float64, device=device),
-                   torch.zeros(b, dtype=torch.bool, device=device))
+    @torch.inference_mode()
+    def decode(self, sources: list[list[int]]) -> list[list[Hypothesis]]:
+        """Source id lists -> per sentence the ``num_hypotheses`` best hypotheses (input order)."""
+        if not sources:
+            return []
+        mc, k, dev = self.model.config, self.search.beam_size, self.model.device
+        slots = min(self.schedule.max_batch_sentences, len(sources))
+        caps = max_lengths([len(s) for s in sources], self.search, mc.max_position_embeddings)
+        self.cache: KVCache = self.model.new_cache(slots, k, max(len(s) for s in sources))
+        self.state = SlotState.empty(slots, k, max(caps), mc.pad_token_id, dev)
+        lp = self.search.length_penalty
+        self._norm = torch.tensor([float(n) ** lp if n else 1.0 for n in range(max(caps) + 2)], dtype=torch.float64,
+                                  device=dev)
+        self._head = self.model.output_head(self.candidates)
+        if self.candidates is not None:
+            self.stats.shortlist_sizes.append(int(self.candidates.numel()))
+        self._free, self._slot = list(range(slots)), {}
+        scheduler = Scheduler(self.schedule, self.stats.scheduler)
+        for i, src in enumerate(sources):
+            scheduler.add(Request(i, len(src)))
+        requests = {r.id: r for r in scheduler.waiting}
+        results: list[list[Hypothesis]] = [[] for _ in sources]
+        with record_function("search loop"):  # the step profile's "search": this minus the model's scopes
+            while scheduler.has_work:
+                plan = scheduler.schedule()
+                if plan.admit:
+                    self._admit(plan.admit, sources, caps)
+                out, hyps = self._step(plan, requests)
+                for i in scheduler.update(plan, out):
+                    self._free.append(self._slot.pop(i).index)
+                    results[i] = hyps[i]
+        if self.search.pruning.active:
+            self.stats.pruned += int(self.state.pruned)
+            self.stats.syncs += 1
+        self.stats.target_tokens += sum(len(r[0].tokens) for r in results if r)
+        return results
 
-    def reset(self, index: Tensor) -> None:
-        self.best[index], self.worst[index], self.full[index] = NEG_INF, NEG_INF, False
+    def _admit(self, ids: tuple[int, ...], sources: list[list[int]], caps: list[int]) -> None:
+        """Encode the admitted sentences into free slots, reset their search state."""
+        blocks = [self._free.pop(0) for _ in ids]
+        for i, b in zip(ids, blocks):
+            self._slot[i] = _Slot(b, len(sources[i]), caps[i])
+        src_ids, src_mask = pad_sources([sources[i] for i in ids], self.model.config.pad_token_id, self.model.device)
+        index = torch.tensor(blocks, device=self.model.device)  # (A,)
+        self.model.admit(self.cache, src_ids, src_mask, index)
+        self.state.admit(index, self.model.config.decoder_start_token_id)
 
-    def refresh(self, at: list[int], pools: list[FinishedPool]) -> None:
-        """Entries ``at`` from their pools (after hypotheses were added to them)."""
-        dev = self.best.device
-        index = torch.tensor(at, dtype=torch.long, device=dev)
-        self.best[index] = torch.tensor([p.best_log_prob for p in pools], device=dev)
-        self.worst[index] = torch.tensor([p.worst_score for p in pools], dtype=torch.float64, device=dev)
-        self.full[index] = torch.tensor([p.full for p in pools], device=dev)
+    def _indices(self, plan: StepPlan, requests: dict[int, Request]) -> _StepIndex:
+        """The step's indices, built on the host from what it already knows (each planned
+        sentence's slot, live width and length) and copied over at once."""
+        k, rows, positions, grid, row_at_max, slots, generated, at_max = self.search.beam_size, [], [], [], [], [], [], []
+        for j, i in enumerate(plan.expand):
+            r, slot = requests[i], self._slot[i]
+            width, capped = r.width, int(r.length + 1 >= slot.max_length)  # width: 1 at admission, then read back
+            rows += range(slot.index * k, slot.index * k + width)
+            positions += [r.length] * width
+            grid += range(j * k, j * k + width)
+            row_at_max += [capped] * width
+            slots.append(slot.index)
+            generated.append(r.length + 1)
+            at_max.append(capped)
+        n, b = len(rows), len(slots)
+        force = self.forced_eos and any(at_max)
+        packed = torch.tensor(rows + positions + grid + slots + generated + at_max + (row_at_max if force else []),
+                              dtype=torch.long, device="cpu").to(self.model.device, non_blocking=True)
+        rows_t, positions_t, grid_t = packed[:n], packed[n: 2 * n], packed[2 * n: 3 * n]
+        slots_t, generated_t, at_max_t = packed[3 * n: 3 * n + b], packed[3 * n + b: 3 * n + 2 * b], packed[3 * n + 2 * b:]
+        return _StepIndex(rows_t, positions_t, None if n == b * k else grid_t, grid_t, slots_t, generated_t,
+                          at_max_t[:b].bool(), at_max_t[b:].bool() if force else None,
+                          t=max(generated), s=max(self._slot[i].source_length for i in plan.expand),
+                          shared=min(generated) == max(generated),
+                          first=slots[0] if slots == list(range(slots[0], slots[0] + b)) else -1)
+
+    def _step(self, plan: StepPlan, requests: dict[int, Request]) -> tuple[StepOutput, dict[int, list[Hypothesis]]]:
+        """One decoder step for the planned sentences -> (finished ids and the others' widths, the
+        finished sentences' hypotheses)."""
+        k, st, cache, ix = self.search.beam_size, self.state, self.cache, self._indices(plan, requests)
+        slots, t = ix.slots, ix.t
+        tokens = st.last[ix.rows]  # (N,)
+        at = cache.step_at(tokens, ix.rows, ix.positions, ix.grid_all, slots, t=t, s=ix.s, shared=ix.shared,
+                           first=ix.first)
+        logits = self.model.decode_step(tokens, at, cache, self._head)  # (N, V|C)
+        running = st.running[slots]  # (B', K)
+        cands, sel = score_step(logits, ix.grid, running, ix.at_max, ix.force, self.model.config, head=self._head,
+                                ops=self.model.ops)
+        self.stats.record_step(ix.rows.shape[0], slots.shape[0])
+        norm = self._norm[ix.generated]  # (B',)
+        st.add_finished(slots, cands, sel, ix.generated, norm, self._candidate_history(slots, cands, t))
+        best, worst, full = st.pool_summary(slots)
+        running = st.prune(cands, sel, best, self.search.pruning)
+        running, order = running.sort(dim=1, descending=True, stable=True)  # live beams first
+        chosen = sel.running.gather(1, order)  # (B', K) candidate index of each new beam
+        done = stop_mask(running[:, 0], ix.at_max, full, worst, norm, self.search.early_stopping)
+        with record_function("cache reorder"):  # ancestry columns only: K/V never move
+            base = slots[:, None] * k  # (B', 1)
+            dst = (base + torch.arange(k, device=slots.device)).view(-1)  # (B'K,)
+            cache.reorder((base + cands.beams.gather(1, chosen)).view(-1), dst, t)
+            st.last[dst] = cands.tokens.gather(1, chosen).view(-1)
+            st.running[slots] = running
+        nbest = self.search.num_hypotheses
+        back = Readback.pack(st, slots, done, torch.isfinite(running).sum(1), nbest, t - 1)
+        self.stats.syncs += 1
+        finished = tuple(i for i, d in zip(plan.expand, back.done) if d)
+        hyps = {i: back.hypotheses(j, nbest, t - 1) for j, i in enumerate(plan.expand) if back.done[j]}
+        widths = {i: w for i, w, d in zip(plan.expand, back.widths, back.done) if not d}
+        return StepOutput(finished, widths), hyps
+
+    def _candidate_history(self, slots: Tensor, cands: Candidates, t: int) -> Tensor:
+        """Each candidate's source beam's tokens (B', C, t - 1) (columns past its length are unread)."""
+        b, c = cands.scores.shape
+        source = (slots[:, None] * self.search.beam_size + cands.beams).view(-1)  # (B'C,)
+        return self.cache.history(source, t).view(b, c, t - 1)
 
 
-def _finish(beams: _Beams, cands, sel, pools: list[FinishedPool], summary: PoolSummary, step: int, k: int,
-            cfg: SearchConfig) -> None:
-    touched = set()
-    for j, c in sel.finished.nonzero().tolist():
-        total = float(cands.scores[j, c])
-        slot = j * k + int(cands.beams[j, c])
-        tokens = tuple(beams.history[slot, :step].tolist()) + (int(cands.tokens[j, c]),)
-        pools[beams.active[j]].add(Hypothesis(tokens, length_normalize(total, step + 1, cfg.length_penalty), total))
-        touched.add(beams.active[j])
-    at = sorted(touched)
-    summary.refresh(at, [pools[s] for s in at])
+@dataclass(frozen=True, slots=True)
+class _StepIndex:
+    """One step's indices on the device: rows, positions (N,) of the run rows; grid (N,) their
+    (B' x K) entries, None when every entry runs (``grid_all``: the same, always given); slots,
+    generated, at_max (B',) of the planned sentences; force (N,) rows at their cap (None: no row
+    is, or no forced EOS). Host ints: t visible positions, s longest source, shared position, first
+    slot when consecutive (else -1)."""
+
+    rows: Tensor
+    positions: Tensor
+    grid: Tensor | None
+    grid_all: Tensor
+    slots: Tensor
+    generated: Tensor
+    at_max: Tensor
+    force: Tensor | None
+    t: int
+    s: int
+    shared: bool
+    first: int
 
 
-def stop_mask(best: Tensor, at_max: Tensor, full: Tensor, worst: Tensor, norm: Tensor | float,
-              early_stopping: bool) -> Tensor:
-    """``is_done`` for every sentence at once (B',), shared by the batch and streaming loops: at its
-    cap, out of running beams, or (HF's test) a full pool whose worst entry (float64) the best
-    running beam, normalised now (divided by ``norm`` = generated ** length_penalty), cannot beat.
-    best (B',) each sentence's best running score; at_max, full (B',) bool; worst (B',) float64."""
-    beaten = best.double() / norm <= worst
-    return at_max | ~torch.isfinite(best) | (full & (beaten | early_stopping))
+def batch_schedule(sentences: int, beam_size: int) -> SchedulerConfig:
+    """Batch decoding as a policy: admit all ``sentences`` at once, no refill until they are done."""
+    return SchedulerConfig(policy=Policy.FIXED, max_batch_sentences=sentences, capacity=sentences, beam_size=beam_size)
 
 
-def prune_running(cands, sel, best_finished: Tensor, pruning: PruningConfig, stats: DecodeStats) -> Tensor:
-    """Running scores (B', K) with the candidates the heuristics discard set to -inf.
-
-    best_finished (B',): raw log-prob of each sentence's best finished hypothesis (-inf if none).
-    """
-    running = sel.running_scores
-    if not pruning.active:
-        return running
-    source_beam, word = cands.beams.gather(1, sel.running), cands.word_log_probs.gather(1, sel.running)  # (B', K)
-    keep = keep_mask(RunningCandidates(running, word, source_beam, cands.scores[:, 0], best_finished), pruning)
-    stats.pruned += int((torch.isfinite(running) & ~keep).sum())
-    return running.masked_fill(~keep, float("-inf"))
+def beam_search(model, src_ids: Tensor, src_mask: Tensor, cfg: SearchConfig, *, forced_eos: bool = True,
+                candidates: Tensor | None = None, stats: DecodeStats | None = None) -> list[list[Hypothesis]]:
+    """One padded batch, src_ids / src_mask (B, S), decoded to its end on the engine (FIXED policy)
+    -> per sentence the ``cfg.num_hypotheses`` best hypotheses, HF ``generate`` semantics
+    (``workers.search``). ``candidates`` (C,): a shortlist of target ids."""
+    sources = [row[:n] for row, n in zip(src_ids.tolist(), src_mask.sum(1).tolist())]
+    engine = Engine(model, cfg, batch_schedule(len(sources), cfg.beam_size), forced_eos=forced_eos,
+                    candidates=candidates, stats=stats)
+    return engine.decode(sources)
 
 
-@torch.inference_mode()
-def beam_search(model: MarianModel, src_ids: Tensor, src_mask: Tensor, cfg: SearchConfig,
-                *, forced_eos: bool = True, candidates: Tensor | None = None,
-                stats: DecodeStats | None = None) -> list[list[Hypothesis]]:
-    """Beam search with HF ``generate`` semantics (see ``workers.search``), variable width.
-
-    Only live beams are computed: at step 0 one row per sentence, later at most K, fewer when the
-    ``cfg.pruning`` heuristics discard candidates (with every heuristic off the search is exact).
-    ``candidates`` (C,): a shortlist of target ids; the output layer then computes only those.
-    src_ids, src_mask (B, S) -> per sentence the ``cfg.num_hypotheses`` best hypotheses, best first.
-    """
-    mc, stats, k, dev = model.config, stats or DecodeStats(), cfg.beam_size, src_ids.device
-    pruning = cfg.pruning
-    b = src_ids.shape[0]
-    max_lens = max_lengths(src_mask.sum(1).tolist(), cfg, mc.max_position_embeddings)
-    t_max = max(max_lens)
-    cache = model.init_cache(model.encode(src_ids, src_mask), src_mask, min(t_max, INITIAL_CAPACITY),
-                             rows=b * k)  # one live beam per sentence at step 0, at most K later
-    head = model.output_head(candidates) if candidates is not None else None
-    pools = [FinishedPool(k) for _ in range(b)]
-    running = torch.full((b, k), float("-inf"), device=dev)
-    running[:, 0] = 0.0
-    beams = _Beams(list(range(b)), running, torch.empty((b * k, 0), dtype=torch.long, device=dev),
-                   torch.arange(b, device=dev))
-    summary, caps = PoolSummary.empty(b, dev), torch.tensor(max_lens, device=dev)  # (B,), (B,)
-    last = torch.full((b,), mc.decoder_start_token_id, dtype=torch.long, device=dev)  # (N,) one per live slot
-    with record_function("search loop"):  # the step profile's "search": this minus the model's scopes
-        for step in range(t_max):
-            n, live = len(beams.active), beams.live_slots()
-            at_max = caps[beams.index] <= step + 1  # (B',)
-            logits = model.decode_step(last, step, cache, head)  # (N, V|C), every row at position ``step``
-            cands, sel = score_step(logits, live, beams.running, at_max, mc, forced_eos=forced_eos, candidates=candidates,
-                                    ops=model.ops)
-            stats.record_step(live.numel(), n)
-            if bool(sel.finished.any()):
-                _finish(beams, cands, sel, pools, summary, step, k, cfg)
-            running = prune_running(cands, sel, summary.best[beams.index], pruning, stats)
-            running, order = running.sort(dim=1, descending=True, stable=True)  # pruned slots last
-            done = stop_mask(running[:, 0], at_max, summary.full[beams.index], summary.worst[beams.index],
-                             float(step + 1) ** cfg.length_penalty, cfg.early_stopping)
-            keep_t = (~done).nonzero().flatten()
-            if keep_t.numel() == 0:
-                break
-            keep = keep_t.tolist()
-            running = running[keep_t]  # (B'', K)
-            chosen = sel.running.gather(1, order)[keep_t]  # (B'', K) candidate index of each new slot
-            source_slot = keep_t[:, None] * k + cands.beams[keep_t].gather(1, chosen)  # (B'', K)
-            new_tokens = cands.tokens[keep_t].gather(1, chosen)  # (B'', K)
-            new_live = torch.isfinite(running).view(-1)
-            row_of_slot = torch.full((n * k,), -1, dtype=torch.long, device=dev)
-            row_of_slot[live] = torch.arange(live.numel(), device=dev)
-            rows = row_of_slot[source_slot.view(-1)[new_live]]  # (N',) old cache row of each new live slot
-            with record_function("cache reorder"):  # self-attn K/V by row; cross-attn K/V by sentence, once
-                cache = cache.select(rows, step + 1, sentences=None if len(keep) == n else keep_t,
-                                     slots=new_live.nonzero().flatten(), width=k, zero_tail=False, reuse=True)
-            history = torch.cat([beams.history[source_slot.view(-1)], new_tokens.view(-1, 1)], dim=1)  # (B''*K, step+1)
-            beams = _Beams([beams.active[j] for j in keep], running, history, beams.index[keep_t])
-            last = new_tokens.view(-1)[new_live]
-    stats.target_tokens += sum(len(p.hyps[0].tokens) for p in pools if p.hyps)
-    return [p.hyps[: cfg.num_hypotheses] for p in pools]
+def greedy_search(model, src_ids: Tensor, src_mask: Tensor, cfg: SearchConfig, **kwargs) -> list[list[Hypothesis]]:
+    """Argmax decoding: beam search of width 1 on the same engine."""
+    return beam_search(model, src_ids, src_mask, replace(cfg, beam_size=1, num_hypotheses=1), **kwargs)

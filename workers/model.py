@@ -4,9 +4,9 @@ Module names mirror the HF checkpoint keys (``model.encoder.layers.0.self_attn.q
 ``lm_head.weight``, ``final_logits_bias``), so loading is an identity map (see ``checkpoint.py``).
 
 Post-norm layers, scaled embeddings, static sinusoidal positions, ``final_logits_bias``.
-Decoding keeps a preallocated self-attention KV cache and cross-attention K/V computed once per
-sentence (Devlin et al. 2017, "pre-compute attention", in its transformer form). Every decoder row
-carries its own target position, so rows at different target lengths share one batch.
+Decoding keeps a self-attention KV cache and cross-attention K/V computed once per sentence
+(Devlin et al. 2017, "pre-compute attention", in its transformer form; workers/cache.py). Every
+decoder row carries its own target position, so rows at different target lengths share one step.
 
 Dimension letters: B batch, N decoder rows (sentences x beams), S source, T target,
 V vocab, H heads, D head dim, E d_model.
@@ -22,8 +22,8 @@ from torch import Tensor, nn
 from torch.profiler import record_function  # named scopes for the step profile (pipeline/step_profile.py)
 
 from workers.config import ModelConfig
-from workers.decoder_cache import DecoderCache
-from workers.step_ops import ATEN, AtenOps, StepAt
+from workers.cache import KVCache, StepAt
+from workers.step_ops import ATEN, AtenOps
 
 
 def sinusoidal_table(num_positions: int, dim: int) -> Tensor:
@@ -161,12 +161,24 @@ class Encoder(nn.Module):
 
 @dataclass(frozen=True)
 class OutputHead:
-    """The output projection restricted to a shortlist: ids (C,), weight (C, E), bias (C,) or None."""
+    """The output projection, decided once per decode: over the whole vocabulary (``ids`` None) or a
+    shortlist (``ids`` (C,) target ids); weight (V|C, E); bias (V|C,) or None; ``linear``: the same
+    projection prepacked or quantised (workers/speedups.py), the bias added after it when
+    ``add_bias``; ``skip``: the column of ``<pad>`` (banned by the search), -1 when not a column."""
 
-    ids: Tensor
+    ids: Tensor | None
     weight: Tensor
     bias: Tensor | None
-    linear: nn.Module | None = None  # the same projection, prepacked (workers/speedups.py)
+    linear: nn.Module | None = None
+    skip: int = -1
+    add_bias: bool = False
+
+    def __call__(self, hidden: Tensor) -> Tensor:
+        """hidden (..., E) -> logits (..., V|C)."""
+        if self.linear is None:
+            return F.linear(hidden, self.weight, self.bias)
+        out = self.linear(hidden)
+        return out + self.bias if self.add_bias and self.bias is not None else out
 
 
 class Decoder(nn.Module):
@@ -189,47 +201,31 @@ class Decoder(nn.Module):
             x = layer(x, memory, mask)
         return x
 
-    def init_cache(self, memory: Tensor, src_mask: Tensor, max_length: int, rows: int | None = None) -> DecoderCache:
-        """Cross-attention K/V for every layer, once per sentence. memory (N, S, E), src_mask (N, S).
-        ``max_length``: the initial self-attention capacity (it grows as steps need it). ``rows``:
-        the most decoder rows any later step has (batch decoders); with an ``in_place`` backend
-        (``NativeOps``) and float32 the cache then keeps K/V in place and reorders rows through its
-        ancestry table."""
-        n = memory.shape[0]
-        cross_k = torch.stack([l.encoder_attn.split(l.encoder_attn.k_proj(memory)) for l in self.layers])
-        cross_v = torch.stack([l.encoder_attn.split(l.encoder_attn.v_proj(memory)) for l in self.layers])
+    def new_cache(self, slots: int, beam_size: int, source_capacity: int, **kwargs) -> KVCache:
+        """An empty cache for ``slots`` sentences of ``beam_size`` rows each (workers/cache.py), in the
+        weights' dtype and device; zeroed unless the step backend reads only written positions."""
         attn = self.layers[0].self_attn
-        in_place = rows is not None and self.ops.in_place and memory.dtype == torch.float32
-        shape = (max_length, len(self.layers), max(rows, n) if in_place else n, attn.num_heads, attn.head_dim)
-        self_k = memory.new_empty(shape) if in_place else memory.new_zeros(shape)  # time-major; in place: read once written
-        ancestry = torch.zeros((max_length, n), dtype=torch.long, device=memory.device) if in_place else None
-        self_v = torch.empty_like(self_k) if in_place else torch.zeros_like(self_k)
-        return DecoderCache(self_k, self_v, cross_k, cross_v, src_mask, ancestry=ancestry)
+        weight = self.embed_tokens.weight
+        return KVCache.empty(layers=len(self.layers), heads=attn.num_heads, head_dim=attn.head_dim, slots=slots,
+                             beam_size=beam_size, source_capacity=source_capacity, dtype=weight.dtype,
+                             device=weight.device, zeroed=not (self.ops.in_place and weight.dtype == torch.float32),
+                             **kwargs)
 
-    def step(self, tokens: Tensor, positions: Tensor | int, cache: DecoderCache) -> Tensor:
-        """One incremental step. tokens (N,), positions (N,) -> hidden (N, E); writes K/V at ``positions``.
-        Row n of the batch is row n of the cache (N rows). ``positions`` an int: every row is at that
-        position (the batch decoders' case): no mask, one position-embedding row, slice writes."""
-        n = tokens.shape[0]
-        if isinstance(positions, int) or bool((positions == positions[0]).all()):
-            t = (positions if isinstance(positions, int) else int(positions[0])) + 1
-            x = self.embed_tokens(tokens) * self.embed_scale + self.embed_positions.weight[t - 1]  # (N, E)
-            self_mask, shared = None, True
-        else:
-            t, shared = int(positions.max()) + 1, False
-            x = self.embed_tokens(tokens) * self.embed_scale + self.embed_positions.weight[positions]  # (N, E)
-            self_mask = (torch.arange(t, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]  # (N,1,1,T)
-        cache.reserve(t)
-        at = StepAt(t, shared) if shared else StepAt(t, False, positions, torch.arange(n, device=tokens.device), self_mask)
-        ops = self.ops.for_step(x, cache, shared)
-        if cache.ancestry is not None:  # K/V in place: row n writes cache row n, reads through its ancestry
-            if not ops.in_place:
-                raise ValueError("a cache with an ancestry table needs an in-place backend and one shared position")
-            cache.ancestry[t - 1] = torch.arange(n, device=cache.ancestry.device)
+    def cross_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross-attention K/V of every layer, once per sentence. memory (A, s, E) -> 2 x (L, A, H, s, D)."""
+        keys = torch.stack([l.encoder_attn.split(l.encoder_attn.k_proj(memory)) for l in self.layers])
+        values = torch.stack([l.encoder_attn.split(l.encoder_attn.v_proj(memory)) for l in self.layers])
+        return keys, values
+
+    def step(self, tokens: Tensor, at: StepAt, cache: KVCache) -> Tensor:
+        """One incremental step of the rows ``at`` runs (workers/cache.py). tokens (N,) -> hidden (N, E);
+        writes each row's K/V at its position."""
+        x = self.embed_tokens(tokens) * self.embed_scale + self.embed_positions.weight[at.positions]  # (N, E)
+        ops = self.ops.for_step(x, cache)
         for i, layer in enumerate(self.layers):
             sa, ca = layer.self_attn, layer.encoder_attn
             x = ops.add_norm(layer.self_attn_layer_norm, x, sa.out_proj(ops.self_attention(sa, x, cache, i, at)))
-            h = ops.cross_attention(ca.q_proj(x), cache, i)  # (N, E): each sentence's beams together
+            h = ops.cross_attention(ca.q_proj(x), cache, i, at)  # (N, E): each sentence's beams together
             x = ops.add_norm(layer.encoder_attn_layer_norm, x, ca.out_proj(h))
             x = ops.feed_forward(layer, x)
         return x
@@ -285,38 +281,41 @@ class MarianModel(nn.Module):
         makes the output GEMM first copy it into the (N, V) result, a measurable cost per step."""
         return self.final_logits_bias[0] if bool(self.final_logits_bias.any()) else None
 
-    def output_head(self, candidates: Tensor) -> OutputHead:
-        """The output layer cut to a shortlist of target ids (C,), gathered once per batch."""
-        bias = self.logits_bias()
+    def output_head(self, candidates: Tensor | None = None) -> OutputHead:
+        """The output layer, over the whole vocabulary or cut to a shortlist of target ids (C,):
+        decided (and gathered, packed) once per decode, so no step reads anything back from the device."""
+        bias, pad = self.logits_bias(), self.config.pad_token_id
+        if candidates is None:
+            return OutputHead(None, self.lm_head.weight, bias, self.vocab_head, pad, add_bias=True)
         weight = self.lm_head.weight.index_select(0, candidates).contiguous()
         bias = None if bias is None else bias.index_select(0, candidates)
-        return OutputHead(candidates, weight, bias, self.pack_head(weight, bias) if self.pack_head else None)
+        at = (candidates == pad).nonzero()
+        return OutputHead(candidates, weight, bias, self.pack_head(weight, bias) if self.pack_head else None,
+                          int(at[0, 0]) if at.numel() else -1)
 
     def project(self, hidden: Tensor, head: OutputHead | Tensor | None = None) -> Tensor:
         """hidden (..., E) -> logits (..., V), or (..., C) over a shortlist head (or candidate ids (C,))."""
-        if head is None:
-            if self.vocab_head is not None:  # workers/speedups.py: int8 or prepacked oneDNN
-                bias = self.logits_bias()
-                logits = self.vocab_head(hidden)
-                return logits if bias is None else logits + bias
-            return F.linear(hidden, self.lm_head.weight, self.logits_bias())
-        if isinstance(head, Tensor):
+        if not isinstance(head, OutputHead):
             head = self.output_head(head)
-        return head.linear(hidden) if head.linear is not None else F.linear(hidden, head.weight, head.bias)
+        return head(hidden)
 
     def forward(self, src_ids: Tensor, src_mask: Tensor, tgt_ids: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V) for decoder inputs tgt_ids (B, T)."""
         memory = self.encode(src_ids, src_mask)
         return self.project(self.model.decoder(tgt_ids, memory, src_mask))
 
-    def init_cache(self, memory: Tensor, src_mask: Tensor, max_length: int, rows: int | None = None) -> DecoderCache:
-        with record_function("encoder"):  # cross-attention K/V: once per sentence, like the encoder
-            return self.model.decoder.init_cache(memory, src_mask, max_length, rows)
+    def new_cache(self, slots: int, beam_size: int, source_capacity: int, **kwargs) -> KVCache:
+        return self.model.decoder.new_cache(slots, beam_size, source_capacity, **kwargs)
 
-    def decode_step(self, tokens: Tensor, positions: Tensor | int, cache: DecoderCache,
-                    head: OutputHead | None = None) -> Tensor:
-        """tokens (N,), positions (N,) or one int for all rows -> logits (N, V) (or (N, C) with a shortlist)."""
+    def admit(self, cache: KVCache, src_ids: Tensor, src_mask: Tensor, slots: Tensor) -> None:
+        """Encode newly admitted sentences (A, s) and write their cross-attention K/V into ``slots`` (A,)."""
+        memory = self.encode(src_ids, src_mask)
+        with record_function("encoder"):  # cross-attention K/V: once per sentence, like the encoder
+            cache.admit(slots, *self.model.decoder.cross_kv(memory), src_mask)
+
+    def decode_step(self, tokens: Tensor, at: StepAt, cache: KVCache, head: OutputHead | None = None) -> Tensor:
+        """tokens (N,) of the rows ``at`` runs -> logits (N, V) (or (N, C) with a shortlist head)."""
         with record_function("decoder layers"):
-            hidden = self.model.decoder.step(tokens, positions, cache)
+            hidden = self.model.decoder.step(tokens, at, cache)
         with record_function("output layer"):
             return self.project(hidden, head)

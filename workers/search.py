@@ -35,7 +35,7 @@ def normalized_log_probs(logits: Tensor, pad_id: int, force_eos: Tensor | None =
     """
     lp = torch.log_softmax(logits.float(), dim=-1)
     lp[:, pad_id] = NEG_INF
-    if force_eos is not None and bool(force_eos.any()):
+    if force_eos is not None:
         forced = torch.full_like(lp, NEG_INF)
         forced[:, eos_id] = 0.0
         lp = torch.where(force_eos[:, None], forced, lp)
@@ -52,7 +52,7 @@ class RowTop:
 
 def _force_eos(top: RowTop, force_eos: Tensor | None, eos_id: int) -> RowTop:
     """Rows where ``force_eos`` (N,) is set keep only EOS, at log-prob 0 (HF's ForcedEOS processor)."""
-    if force_eos is None or not bool(force_eos.any()):
+    if force_eos is None:  # (no check that any row is forced: that would read the device back)
         return top
     forced_lp = torch.full_like(top.log_probs, NEG_INF)
     forced_lp[:, 0] = 0.0
@@ -62,7 +62,8 @@ def _force_eos(top: RowTop, force_eos: Tensor | None, eos_id: int) -> RowTop:
 
 
 def row_top_log_probs(logits: Tensor, num: int, pad_id: int, force_eos: Tensor | None = None,
-                      eos_id: int = 0, token_ids: Tensor | None = None, ops: AtenOps = ATEN) -> RowTop:
+                      eos_id: int = 0, token_ids: Tensor | None = None, ops: AtenOps = ATEN,
+                      skip: int | None = None) -> RowTop:
     """Output step: logits (N, V) -> each row's ``num`` best log-probs, ``<pad>`` banned.
 
     One log-softmax (``<pad>`` included in the normaliser, as HF normalises before banning), one
@@ -71,9 +72,12 @@ def row_top_log_probs(logits: Tensor, num: int, pad_id: int, force_eos: Tensor |
     logsumexp pass, so this beats the fused torch form below (``row_top_log_probs_fused``;
     jobs.bench_search measures both). Rows where ``force_eos`` is set get EOS at log-prob 0 and
     nothing else. With a shortlist, logits are over candidate positions (N, C) and ``token_ids`` (C,)
-    maps positions to vocabulary ids.
+    maps positions to vocabulary ids; ``skip``: the column of ``<pad>`` when the caller knows it
+    (``OutputHead.skip``, found once per decode), else it is looked up here.
     """
-    log_probs, tokens = ops.row_top(logits, num, pad_id, token_ids)  # (N, M)
+    if skip is None:
+        skip = pad_id if token_ids is None else _column(token_ids, pad_id)
+    log_probs, tokens = ops.row_top(logits, num, skip)  # (N, M)
     if token_ids is not None:
         tokens = token_ids[tokens]
     return _force_eos(RowTop(log_probs, tokens), force_eos, eos_id)
@@ -100,6 +104,12 @@ def row_top_log_probs_fused(logits: Tensor, num: int, pad_id: int, force_eos: Te
     tokens = tokens.gather(1, order)
     log_probs = values - lse
     return _force_eos(RowTop(log_probs, tokens), force_eos, eos_id)
+
+
+def _column(token_ids: Tensor, token: int) -> int:
+    """Where ``token`` sits in a candidate list (C,), or -1."""
+    at = (token_ids == token).nonzero()
+    return int(at[0, 0]) if at.numel() else -1
 
 
 @dataclass(frozen=True)

@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import torch
 
 from workers.checkpoint import Checkpoint, Reader, load_checkpoint, local_reader
 from workers.config import SearchConfig
-from workers.engine import DecodeStats, beam_search, greedy_search, pad_sources
-from workers.scheduler import SchedulerConfig, SchedulerStats
+from workers.engine import DecodeStats, Engine, batch_schedule
+from workers.scheduler import SchedulerConfig
 from workers.search import Hypothesis
 from workers.shortlist import Shortlist
 from workers.speedups import EXACT, CpuSpeedups, apply_speedups
-from workers.stream import StreamDecoder
 from workers.training import collate
 from workers.tuning import BatchTuner, TunerConfig, available_memory, bytes_per_sentence
 
@@ -33,14 +32,20 @@ class Translation:
     tokens: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class Decoded:
+    """One decode call's result: per source its hypotheses (best first) and the engine's counters
+    (steps, occupancy, refills, pruned, shortlist sizes, host syncs)."""
+
+    hypotheses: list[list[Hypothesis]]
+    stats: DecodeStats
+
+
 @dataclass
 class Translator:
     checkpoint: Checkpoint
     max_batch_size: int = 32
-    stats: DecodeStats = field(default_factory=DecodeStats)
-    shortlist_sizes: list[int] = field(default_factory=list)  # candidate-set size of every batch
     sort_by_length: bool = True  # streaming: feed sources sorted by length (bucketing) or as given
-    scheduler_stats: SchedulerStats | None = None  # of the last streaming call
     tuner: BatchTuner | None = None  # closed-loop batch size (batch mode); None: max_batch_size
 
     @classmethod
@@ -57,8 +62,11 @@ class Translator:
         checkpoint = load_checkpoint(reader, device=device)
         if device.type == "cpu":
             apply_speedups(checkpoint.model, speedups)
-        elif speedups != CpuSpeedups():
-            logger.info("CPU speed-ups (%s) skipped on %s", speedups.signature(), device)
+        else:
+            if speedups.bf16:  # the one rewrite that is a dtype, not a CPU kernel
+                checkpoint.model.to(torch.bfloat16)
+            if replace(speedups, bf16=False) != CpuSpeedups():
+                logger.info("CPU speed-ups (%s) skipped on %s", speedups.signature(), device)
         return cls(checkpoint, max_batch_size=max_batch_size)
 
     @property
@@ -79,30 +87,37 @@ class Translator:
             out.append(ids)
         return out
 
-    def translate_ids(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None = None,
-                      batching: SchedulerConfig | None = None) -> list[list[Hypothesis]]:
-        """Token ids -> hypotheses (input order).
+    def decode_ids(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None = None,
+                   batching: SchedulerConfig | None = None, *, stats: DecodeStats | None = None) -> Decoded:
+        """Token ids -> hypotheses (input order) and the engine's counters of this call.
 
-        Without ``batching``: sorted by length into batches of ``max_batch_size``, each decoded to
-        the end (with a ``shortlist``, over its own candidate set). With ``batching``: the streaming
-        decoder under that scheduler policy, over the length-sorted sources (one candidate set for
-        the whole call when a shortlist is given: rows of any sentences share the output layer).
+        Without ``batching``: batch decoding, the sources sorted by length into batches of
+        ``max_batch_size`` (or the tuner's size), each decoded to its end (the FIXED policy; with a
+        ``shortlist``, over its own candidate set). With ``batching``: the engine under that policy
+        over the length-sorted sources (one candidate set for the whole call). ``stats``: counters to
+        add to (read live by the actors' time slices); a fresh ``DecodeStats`` by default.
         """
+        stats = stats if stats is not None else DecodeStats()
         if batching is not None:
-            return self._stream(sources, cfg, shortlist, batching)
+            return Decoded(self._stream(sources, cfg, shortlist, batching, stats), stats)
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         out: list[list[Hypothesis]] = [[] for _ in sources]
         start = 0
         while start < len(order):
             size = self.tuner.next_size() if self.tuner else self.max_batch_size
             idx = order[start: start + size]
-            tokens, t0 = self.stats.target_tokens, time.perf_counter()
-            for i, hyps in zip(idx, self._decode_batch([sources[i] for i in idx], cfg, shortlist)):
+            tokens, t0 = stats.target_tokens, time.perf_counter()
+            for i, hyps in zip(idx, self._decode_batch([sources[i] for i in idx], cfg, shortlist, stats)):
                 out[i] = hyps
             if self.tuner:
-                self.tuner.record(len(idx), self.stats.target_tokens - tokens, time.perf_counter() - t0)
+                self.tuner.record(len(idx), stats.target_tokens - tokens, time.perf_counter() - t0)
             start += len(idx)
-        return out
+        return Decoded(out, stats)
+
+    def translate_ids(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None = None,
+                      batching: SchedulerConfig | None = None) -> list[list[Hypothesis]]:
+        """``decode_ids``' hypotheses alone."""
+        return self.decode_ids(sources, cfg, shortlist, batching).hypotheses
 
     def tune_batches(self, cfg: SearchConfig, tuner: TunerConfig | None = None) -> BatchTuner:
         """Closed-loop batch size from here on, starting at ``max_batch_size``, capped by free memory."""
@@ -116,11 +131,11 @@ class Translator:
                 max_source=mc.max_position_embeddings))
         return self.tuner
 
-    def _decode_batch(self, sources: list[list[int]], cfg: SearchConfig,
-                      shortlist: Shortlist | None) -> list[list[Hypothesis]]:
+    def _decode_batch(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
+                      stats: DecodeStats) -> list[list[Hypothesis]]:
         """One batch; out of memory, it is split in halves and retried (and the tuner's cap lowered)."""
         try:
-            return self._search(sources, cfg, shortlist)
+            return self._search(sources, cfg, shortlist, stats)
         except (torch.OutOfMemoryError, MemoryError):
             if len(sources) == 1:
                 raise
@@ -128,28 +143,24 @@ class Translator:
             if self.tuner:
                 self.tuner.out_of_memory(len(sources))
             half = len(sources) // 2
-            return self._decode_batch(sources[:half], cfg, shortlist) + self._decode_batch(sources[half:], cfg, shortlist)
+            return (self._decode_batch(sources[:half], cfg, shortlist, stats)
+                    + self._decode_batch(sources[half:], cfg, shortlist, stats))
 
-    def _search(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None) -> list[list[Hypothesis]]:
+    def _engine(self, cfg: SearchConfig, shortlist: Shortlist | None, sources: list[list[int]],
+                batching: SchedulerConfig, stats: DecodeStats) -> Engine:
         model = self.checkpoint.model
-        src_ids, src_mask = pad_sources(sources, model.config.pad_token_id, model.device)
         candidates = shortlist.candidates(sources).to(model.device) if shortlist else None
-        if candidates is not None:
-            self.shortlist_sizes.append(candidates.numel())
-        search = greedy_search if cfg.beam_size == 1 else beam_search
-        return search(model, src_ids, src_mask, cfg, forced_eos=self.forced_eos,
-                      candidates=candidates, stats=self.stats)
+        return Engine(model, cfg, batching, forced_eos=self.forced_eos, candidates=candidates, stats=stats)
+
+    def _search(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
+                stats: DecodeStats) -> list[list[Hypothesis]]:
+        """One length-sorted batch, decoded to its end: the FIXED policy over exactly these sentences."""
+        return self._engine(cfg, shortlist, sources, batch_schedule(len(sources), cfg.beam_size), stats).decode(sources)
 
     def _stream(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
-                batching: SchedulerConfig) -> list[list[Hypothesis]]:
+                batching: SchedulerConfig, stats: DecodeStats) -> list[list[Hypothesis]]:
         order = sorted(range(len(sources)), key=lambda i: len(sources[i])) if self.sort_by_length else list(range(len(sources)))
-        candidates = shortlist.candidates(sources).to(self.checkpoint.model.device) if shortlist else None
-        if candidates is not None:
-            self.shortlist_sizes.append(candidates.numel())
-        decoder = StreamDecoder(self.checkpoint.model, cfg, batching, forced_eos=self.forced_eos,
-                                candidates=candidates, stats=self.stats)
-        self.scheduler_stats = decoder.scheduler_stats  # live: read while decoding (stats over time)
-        hyps = decoder.decode([sources[i] for i in order])
+        hyps = self._engine(cfg, shortlist, sources, batching, stats).decode([sources[i] for i in order])
         out: list[list[Hypothesis]] = [[] for _ in sources]
         for i, h in zip(order, hyps):
             out[i] = h
@@ -177,11 +188,12 @@ class Translator:
         return (s.eos, s.unk, s.pad)
 
     def translate(self, texts: list[str], cfg: SearchConfig | None = None, shortlist: Shortlist | None = None,
-                  batching: SchedulerConfig | None = None) -> list[Translation]:
+                  batching: SchedulerConfig | None = None, *, stats: DecodeStats | None = None) -> list[Translation]:
+        """Texts -> translations (input order); ``stats``: counters to add this call's to."""
         cfg = cfg or SearchConfig()
         tok = self.checkpoint.tokenizer
         nonempty = [i for i, t in enumerate(texts) if t.strip()]
-        hyps = self.translate_ids(self.encode([texts[i] for i in nonempty]), cfg, shortlist, batching)
+        hyps = self.decode_ids(self.encode([texts[i] for i in nonempty]), cfg, shortlist, batching, stats=stats).hypotheses
         out = [Translation("", 0.0, (("", 0.0),), ()) for _ in texts]
         for i, h in zip(nonempty, hyps):
             nbest = tuple((tok.decode(list(x.tokens)), x.score) for x in h)

@@ -27,4 +27,4 @@ def test_breakdown_of_the_streaming_decoder(demo_model_dir) -> None:
                           clean_corpus(12))
     by = {r["phase"]: r["share"] for r in rows}
     assert by["decoder layers"] > 0 and by["output layer"] > 0 and by["encoder"] > 0
-    assert by["cache reorder"] == 0  # the streaming cache reorders an ancestry table inside the search
+    assert by["cache reorder"] > 0  # one decoder: every policy reorders beams through the same ancestry table

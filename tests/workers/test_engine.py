@@ -2,10 +2,10 @@
 
 The stub (fairseq's test-helper idea) returns, for every decoder row, the log of a scripted
 distribution keyed by (sentence, generated prefix), so the tests can assert exact tokens and scores.
-It keeps both keys inside a real ``DecoderCache``: the sentence key rides in the cross-attention K
-slot and each input token is written into the self-attention K slot at its position. The prefix it
-reads back is therefore exactly what the engine's cache reordering and row dropping preserved: a
-mis-routed row shows up as wrong tokens or scores.
+It keeps both keys inside a real ``KVCache``: the sentence key rides in the slot's cross-attention K,
+and the prefix is read back through the cache's ancestry table (the input token each row fed at each
+position). The prefix is therefore exactly what the engine's beam reordering preserved: a mis-routed
+row shows up as wrong tokens or scores.
 
 Vocabulary of the hand tables: E=0 (EOS), A..D=1..4, PAD=5 (also the decoder start token).
 Expected scores are written as products of the scripted probabilities (a forced EOS counts 1).
@@ -22,8 +22,9 @@ import torch
 from torch import Tensor
 
 from workers.config import ModelConfig, SearchConfig
+from workers.cache import KVCache, StepAt
 from workers.engine import DecodeStats, beam_search, greedy_search
-from workers.decoder_cache import DecoderCache
+from workers.model import OutputHead
 from workers.native import load as load_native
 from workers.step_ops import ATEN, AtenOps, NativeOps
 from workers.search import Hypothesis
@@ -38,7 +39,9 @@ FALLBACK: Dist = {E: 1.0}  # prefixes a table does not list (also the -inf place
 
 
 class ScriptedModel:
-    """Stands in for ``MarianModel``: encode / init_cache / decode_step / config."""
+    """Stands in for ``MarianModel``: config / device / ops / new_cache / admit / output_head / decode_step."""
+
+    device = torch.device("cpu")
 
     def __init__(self, probs: ProbsFn, vocab_size: int = V, ops: AtenOps = ATEN) -> None:
         self.vocab_size, self.ops = vocab_size, ops  # ops: the output step's backend (workers/step_ops.py)
@@ -50,37 +53,34 @@ class ScriptedModel:
         self.probs = probs
         self.rows_per_step: list[int] = []
 
-    def encode(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
-        """(B, S) -> memory (B, S, 1) whose every position holds the sentence key src_ids[:, 0]."""
-        return src_ids[:, :1, None].float().repeat(1, src_ids.shape[1], 1)
+    def new_cache(self, slots: int, beam_size: int, source_capacity: int) -> KVCache:
+        return KVCache.empty(layers=1, heads=1, head_dim=1, slots=slots, beam_size=beam_size,
+                             source_capacity=source_capacity, dtype=torch.float32, device=self.device, zeroed=True)
 
-    def init_cache(self, memory: Tensor, src_mask: Tensor, max_length: int, rows: int | None = None) -> DecoderCache:
-        n = memory.shape[0]
-        self_k = memory.new_zeros(max_length, 1, n, 1, 1)  # (T, L, N, H, D): token ids by position
-        cross = memory[None, :, None]  # (L, N, H, S, D): sentence key
-        return DecoderCache(self_k, torch.zeros_like(self_k), cross, cross.clone(), src_mask)
+    def admit(self, cache: KVCache, src_ids: Tensor, src_mask: Tensor, slots: Tensor) -> None:
+        """The sentence key src_ids[:, 0] rides in every position of the slot's cross-attention K."""
+        key = src_ids[:, :1].float().expand(src_ids.shape)[None, :, None, :, None]  # (L, A, H, s, D)
+        cache.admit(slots, key, key.clone(), src_mask)
 
-    def output_head(self, candidates: Tensor) -> Tensor:
-        return candidates  # the scripted "head" is just the candidate ids
+    def output_head(self, candidates: Tensor | None = None) -> OutputHead:
+        pad = self.config.pad_token_id
+        skip = pad if candidates is None else (candidates.tolist() + [pad]).index(pad) if pad in candidates else -1
+        return OutputHead(candidates, torch.empty(0), None, skip=skip)
 
-    def decode_step(self, tokens: Tensor, positions: int, cache: DecoderCache,
-                    candidates: Tensor | None = None) -> Tensor:
-        """tokens (N,), every row at position ``positions`` -> logits (N, V) = log of the scripted
-        distribution (or (N, C))."""
-        n, step = tokens.shape[0], positions
-        assert cache.num_rows == n and isinstance(step, int)  # the batch decoders step every row at one position
-        if step == 0:
-            assert bool((tokens == self.config.decoder_start_token_id).all())
-        cache.reserve(step + 1)
-        cache.self_k[step, 0, :, 0, 0] = tokens.float()
+    def decode_step(self, tokens: Tensor, at: StepAt, cache: KVCache, head: OutputHead) -> Tensor:
+        """tokens (N,) of the rows ``at`` runs -> logits (N, V) = log of the scripted distribution
+        (or (N, C)). Each row's prefix is read back through the cache's ancestry: a mis-routed
+        reorder shows up as wrong tokens or scores."""
+        n = tokens.shape[0]
         self.rows_per_step.append(n)
+        history = cache.history(at.rows, at.t).tolist()  # (N, t - 1)
         logits = torch.empty(n, self.vocab_size)
-        sentences = cache.row_sentences()
-        for row in range(n):
-            sentence = int(cache.cross_k[0, sentences[row], 0, 0, 0])
-            prefix = tuple(int(t) for t in cache.self_k[1: step + 1, 0, row, 0, 0].tolist())
-            logits[row] = torch.tensor(self.probs(sentence, prefix), dtype=torch.float64).log()
-        return logits if candidates is None else logits[:, candidates]  # a shortlist: candidate columns only
+        for row, (position, slot) in enumerate(zip(at.positions.tolist(), at.sentence.tolist())):
+            if position == 0:
+                assert int(tokens[row]) == self.config.decoder_start_token_id
+            sentence = int(cache.cross_k[0, slot, 0, 0, 0])
+            logits[row] = torch.tensor(self.probs(sentence, tuple(history[row][:position])), dtype=torch.float64).log()
+        return logits if head.ids is None else logits[:, head.ids]  # a shortlist: candidate columns only
 
 
 def scripted(tables: dict[int, Table], vocab_size: int = V) -> ProbsFn:

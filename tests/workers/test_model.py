@@ -1,8 +1,9 @@
 """``MarianModel`` incremental decoding against its own teacher-forced forward.
 
-Rows of one batch at different target positions, ``DecoderCache.select`` reordering / duplicating /
-dropping rows, and padded sources of different lengths must all give, row by row, the logits of
-decoding that row alone with the full-sequence forward.
+Rows of one step at different target positions, beams reordered through the cache's ancestry
+(duplicated, permuted, dropped), and padded sources of different lengths must all give, row by row,
+the logits of decoding that row alone with the full-sequence forward, with the ATen and the native
+step backends alike.
 """
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import pytest
 import torch
 
 from workers.config import ModelConfig
-from workers.decoder_cache import DecoderCache
+from workers.cache import KVCache
 from workers.model import MarianModel
+from workers.native import load as load_native
+from workers.step_ops import ATEN, NativeOps
 
 V, PAD, EOS = 40, 39, 0
 ATOL = 1e-5
@@ -75,143 +78,101 @@ def test_padded_sources_match_decoding_each_row_alone(model, rows):
                                    atol=ATOL, rtol=0)
 
 
-@torch.no_grad()
-def test_decode_step_rows_at_different_positions(model, rows):
-    """Row r starts ``offsets[r]`` steps late, so one batch holds rows at different target positions.
+class Steps:
+    """Drives a model's ``KVCache`` step by step, as the engine does: ``beam`` rows per sentence (slot)."""
 
-    A row not yet started re-feeds its start token at position 0, a finished row re-feeds its last
-    token at its last position (both rewrite identical K/V); only in-range steps are compared.
-    """
-    sources, targets = rows
+    def __init__(self, model: MarianModel, sources: list[list[int]], beam: int = 1, **cache_kwargs) -> None:
+        self.model, self.beam = model, beam
+        src, mask = batch(sources)
+        self.cache = model.new_cache(len(sources), beam, src.shape[1], **cache_kwargs)
+        model.admit(self.cache, src, mask, torch.arange(len(sources)))
+        self.s = src.shape[1]
+
+    def __call__(self, tokens: list[int], rows: list[int], positions: list[int]) -> torch.Tensor:
+        """One step of cache rows ``rows`` (ascending) at ``positions`` -> logits (N, V)."""
+        slots = sorted({r // self.beam for r in rows})
+        grid = [slots.index(r // self.beam) * self.beam + r % self.beam for r in rows]
+        first = slots[0] if slots == list(range(slots[0], slots[0] + len(slots))) else -1
+        tokens_t = torch.tensor(tokens)
+        at = self.cache.step_at(tokens_t, torch.tensor(rows), torch.tensor(positions), torch.tensor(grid),
+                                torch.tensor(slots), t=max(positions) + 1, s=self.s,
+                                shared=len(set(positions)) == 1, first=first)
+        return self.model.decode_step(tokens_t, at, self.cache, self.model.output_head())
+
+
+@pytest.fixture(params=["aten", "native"])
+def stepped(model, request):
+    """The model with the ATen step backend, or the native kernels (NativeOps)."""
+    if request.param == "native":
+        kernels = load_native()
+        if kernels is None:
+            pytest.skip("native decode operators could not be built here")
+        model.model.decoder.ops = NativeOps(kernels)
+    yield model
+    model.model.decoder.ops = ATEN
+
+
+@torch.no_grad()
+def test_decode_step_rows_at_different_positions(stepped, rows):
+    """Row r starts ``offsets[r]`` steps late, so one step holds rows at different target positions;
+    only started, unfinished rows run. Each row's logits equal decoding it alone."""
+    model, (sources, targets) = stepped, rows
     offsets = [0, 3, 1, 2]
-    src, src_mask = batch(sources)
-    cache = model.init_cache(model.encode(src, src_mask), src_mask, max(len(t) for t in targets))
-    got: list[dict[int, torch.Tensor]] = [{} for _ in rows[0]]
+    steps = Steps(model, sources)
+    got: list[dict[int, torch.Tensor]] = [{} for _ in sources]
     distinct_positions = set()
     for g in range(max(o + len(t) for o, t in zip(offsets, targets))):
-        pos = [min(max(g - o, 0), len(t) - 1) for o, t in zip(offsets, targets)]
-        tokens = torch.tensor([t[p] for t, p in zip(targets, pos)])
-        logits = model.decode_step(tokens, torch.tensor(pos), cache)  # (N, V)
+        run = [r for r, (o, t) in enumerate(zip(offsets, targets)) if 0 <= g - o < len(t)]
+        pos = [g - offsets[r] for r in run]
+        logits = steps([targets[r][p] for r, p in zip(run, pos)], run, pos)  # (N, V)
         distinct_positions.add(len(set(pos)))
-        for r, o in enumerate(offsets):
-            if 0 <= g - o < len(targets[r]):
-                got[r][g - o] = logits[r]
-    assert max(distinct_positions) == len(rows[0])  # some step had every row at its own position
+        for row, (r, p) in enumerate(zip(run, pos)):
+            got[r][p] = logits[row]
+    assert max(distinct_positions) == len(sources)  # some step had every row at its own position
     for r, (s, t) in enumerate(zip(sources, targets)):
-        steps = torch.stack([got[r][p] for p in range(len(t))])
-        torch.testing.assert_close(steps, alone(model, s, t), atol=ATOL, rtol=0)
+        torch.testing.assert_close(torch.stack([got[r][p] for p in range(len(t))]), alone(model, s, t), atol=ATOL, rtol=0)
 
 
 @torch.no_grad()
-def test_cache_select_reorders_duplicates_and_drops_rows(model, rows):
-    """Decode 3 steps, keep rows [2, 0, 0, 3] (row 1 dropped, row 0 twice), continue with new tokens."""
-    sources, _ = rows
-    gen = torch.Generator().manual_seed(2)
-    prefixes = [[PAD] + rand_ids(gen, 2) for _ in sources]
-    src, src_mask = batch(sources)
-    cache = model.init_cache(model.encode(src, src_mask), src_mask, 8)
-    for step in range(3):
-        model.decode_step(torch.tensor([p[step] for p in prefixes]), torch.full((4,), step), cache)
-    keep = [2, 0, 0, 3]
-    cache = cache.select(torch.tensor(keep), 3)
-    assert cache.num_rows == 4 and cache.max_length == 4  # the copied prefix + the next step's slot; grows on demand
-    cont = [rand_ids(gen, 4) for _ in keep]  # a different continuation for each new row
-    got = []
-    for step in range(4):
-        got.append(model.decode_step(torch.tensor([c[step] for c in cont]), torch.full((4,), 3 + step), cache))
-    got = torch.stack(got, 1)  # (N, T, V)
-    for row, old in enumerate(keep):
-        expected = alone(model, sources[old], prefixes[old] + cont[row])[3:]
+def test_reorder_duplicates_and_drops_beams(stepped, rows):
+    """Three sentences of K=3 beams decode 3 steps with a different prefix per beam; the beams are
+    then reordered (duplicated, permuted, one left empty) by rewriting only ancestry, and continue
+    with new tokens: each row's logits equal decoding its source beam's prefix + continuation alone."""
+    model, (sources, _) = stepped, rows
+    k, gen = 3, torch.Generator().manual_seed(2)
+    steps = Steps(model, sources[:3], beam=k)
+    prefixes = [[PAD] + rand_ids(gen, 2) for _ in range(3 * k)]  # one per cache row
+    for p in range(3):
+        steps([x[p] for x in prefixes], list(range(3 * k)), [p] * (3 * k))
+    source_of = {0: 2, 1: 0, 2: 0, 3: 3, 4: 5, 6: 8, 7: 6, 8: 6}  # row 5 left empty: a pruned beam
+    dst = sorted(source_of)
+    steps.cache.reorder(torch.tensor([source_of[r] for r in dst]), torch.tensor(dst), 3)
+    cont = {r: rand_ids(gen, 3) for r in dst}
+    got = torch.stack([steps([cont[r][i] for r in dst], dst, [3 + i] * len(dst)) for i in range(3)], 1)  # (N, T, V)
+    for row, r in enumerate(dst):
+        expected = alone(model, sources[r // k], prefixes[source_of[r]] + cont[r])[3:]
         torch.testing.assert_close(got[row], expected, atol=ATOL, rtol=0)
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("reuse", [False, True])
-def test_sentence_grid_equals_one_cross_copy_per_row(model, rows, reuse):
-    """Cross-attention K/V once per sentence, rows in a (B' x K) grid, through beam permutations, an
-    empty grid entry and a dropped sentence, gives the logits of one K/V copy per row (to float
-    rounding); ``reuse=True`` (spare buffers, ping-pong) changes nothing."""
-    sources, _ = rows
-    k = 3
-    src, src_mask = batch(sources[:3])
-    memory = model.encode(src, src_mask)  # (3, S, E)
-    per_row = model.init_cache(memory.repeat_interleave(k, 0), src_mask.repeat_interleave(k, 0), 1)
-    grid = model.init_cache(memory, src_mask, 1).select(torch.arange(3).repeat_interleave(k), 0,
-                                                        slots=torch.arange(3 * k), width=k, reuse=reuse)
-    assert grid.cross_k.shape[1] == 3 and per_row.cross_k.shape[1] == 3 * k
-    gen = torch.Generator().manual_seed(3)
-    # (rows kept, their grid entries, sentences kept): permute within sentences; empty entry 4; drop sentence 1
-    plans = [([2, 2, 0, 4, 3, 3, 8, 6, 7], list(range(9)), None),
-             ([1, 0, 0, 3, 5, 8, 6, 6], [0, 1, 2, 3, 5, 6, 7, 8], None),
-             ([0, 1, 2, 5, 6, 7], [0, 1, 2, 3, 4, 5], torch.tensor([0, 2]))]
-    for step, (keep, slots, sentences) in enumerate(plans):
-        n = per_row.num_rows
-        tokens = torch.randint(1, PAD, (n,), generator=gen)
-        a = model.decode_step(tokens, torch.full((n,), step), per_row)
-        b = model.decode_step(tokens, torch.full((n,), step), grid)
-        torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
-        keep = torch.tensor(keep)
-        per_row = per_row.select(keep, step + 1)
-        grid = grid.select(keep, step + 1, sentences=sentences, slots=torch.tensor(slots), width=k, reuse=reuse)
-    assert grid.cross_k.shape[1] == 2 and grid.num_rows == 6
-    tokens = torch.randint(1, PAD, (6,), generator=gen)
-    torch.testing.assert_close(model.decode_step(tokens, torch.full((6,), 3), per_row),
-                               model.decode_step(tokens, torch.full((6,), 3), grid), atol=ATOL, rtol=0)
+def test_new_cache_shapes(model):
+    cache = model.new_cache(2, 3, 4, target_capacity=5)
+    assert isinstance(cache, KVCache)
+    assert cache.self_k.shape == (5, 2, 6, 4, 8)  # (T, L, R, H, D): time-major, R = slots x K
+    assert cache.cross_k.shape == (2, 2, 4, 4, 8)  # (L, slots, H, S, D)
+    assert cache.ancestry.shape == (5, 6) and cache.max_length == 5
 
 
 @torch.no_grad()
-def test_select_with_rows_at_different_positions(model, rows, monkeypatch):
-    """After ``select(rows, length)`` rows behind others still read (masked) positions up to the
-    furthest row; whatever memory the new cache got there must not leak in, even NaN."""
-    real_new_empty = torch.Tensor.new_empty
-
-    def new_empty_nan(self, *size, **kw):  # uninitialised memory may hold anything
-        return real_new_empty(self, *size, **kw).fill_(float("nan"))
-    monkeypatch.setattr(torch.Tensor, "new_empty", new_empty_nan)
-
-    sources, targets = rows
-    src, src_mask = batch(sources)
-    cache = model.init_cache(model.encode(src, src_mask), src_mask, 8)
-    lengths = [4, 1, 2, 3]  # row r has consumed targets[r][:lengths[r]]
-    for g in range(max(lengths)):
-        pos = [min(g, n - 1) for n in lengths]
-        model.decode_step(torch.tensor([targets[r][p] for r, p in enumerate(pos)]), torch.tensor(pos), cache)
-    keep = [0, 2, 3]
-    cache = cache.select(torch.tensor(keep), max(lengths))
-    pos = torch.tensor([lengths[r] for r in keep])
-    tokens = torch.tensor([targets[r][lengths[r]] for r in keep])
-    got = model.decode_step(tokens, pos, cache)
-    for row, r in enumerate(keep):
-        expected = alone(model, sources[r], targets[r][: lengths[r] + 1])[-1]
-        torch.testing.assert_close(got[row], expected, atol=ATOL, rtol=0)
-
-
-@torch.no_grad()
-def test_init_cache_shapes(model):
-    src, mask = batch([[1, 2, 3, EOS], [4, EOS]])
-    cache = model.init_cache(model.encode(src, mask), mask, 5)
-    assert isinstance(cache, DecoderCache)
-    assert cache.self_k.shape == (5, 2, 2, 4, 8)  # (T, L, N, H, D): time-major
-    assert cache.cross_k.shape == (2, 2, 4, 4, 8)  # (L, N, H, S, D)
-    assert cache.num_rows == 2 and cache.max_length == 5
-
-
-@torch.no_grad()
-def test_cache_grows_past_its_initial_capacity(model, rows):
+def test_cache_grows_past_its_initial_capacity(stepped, rows):
     """A cache made for 1 position grows as steps need it (shared and per-row positions) and
     decodes exactly as one made large enough up front."""
-    sources, targets = rows
-    src, src_mask = batch(sources)
-    memory = model.encode(src, src_mask)
-    small, large = model.init_cache(memory, src_mask, 1), model.init_cache(memory, src_mask, 8)
+    model, (sources, targets) = stepped, rows
+    small, large = Steps(model, sources, target_capacity=1), Steps(model, sources, target_capacity=8)
     for step in range(5):
-        tokens = torch.tensor([t[min(step, len(t) - 1)] for t in targets])
-        a = model.decode_step(tokens, torch.full((4,), step), small)
-        b = model.decode_step(tokens, torch.full((4,), step), large)
-        torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
-    assert small.max_length >= 5 and large.max_length == 8
-    pos = torch.tensor([5, 2, 6, 3])  # rows at different positions past the grown capacity
-    tokens = torch.tensor([t[0] for t in targets])
-    small.reserve(int(pos.max()) + 1)
-    torch.testing.assert_close(model.decode_step(tokens, pos, small), model.decode_step(tokens, pos, large),
-                               atol=ATOL, rtol=0)
+        tokens = [t[min(step, len(t) - 1)] for t in targets]
+        torch.testing.assert_close(small(tokens, [0, 1, 2, 3], [step] * 4), large(tokens, [0, 1, 2, 3], [step] * 4),
+                                   atol=ATOL, rtol=0)
+    assert small.cache.max_length >= 5 and large.cache.max_length == 8
+    tokens, rows_, pos = [t[0] for t in targets], [0, 1, 2, 3], [5, 2, 6, 3]  # past the grown capacity
+    torch.testing.assert_close(small(tokens, rows_, pos), large(tokens, rows_, pos), atol=ATOL, rtol=0)

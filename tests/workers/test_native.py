@@ -10,11 +10,11 @@ import time
 import pytest
 import torch
 
-from workers.decoder_cache import DecoderCache, cached_attention, cross_attention
+from workers.cache import KVCache
 from workers.native import load
 from workers.search import row_top_log_probs
 from workers.speedups import EXACT
-from workers.step_ops import NativeOps
+from workers.step_ops import ATEN, NativeOps, attend
 from workers.translator import Translator
 
 NEG_INF = float("-inf")
@@ -99,43 +99,66 @@ def test_self_attention_equals_batched_matmuls(ops, t: int) -> None:
     self_k, self_v = torch.randn(cap, layers, n, h, d, generator=gen), torch.randn(cap, layers, n, h, d, generator=gen)
     qkv = torch.randn(n, 3 * h * d, generator=gen)
     q = qkv[:, : h * d]  # a strided view, as the fused QKV projection gives it
+    positions = torch.randint(0, t, (n,), generator=gen)
+    positions[0] = t - 1
+    mask = (torch.arange(t)[None, :] <= positions[:, None])[:, None, None, :]  # (N, 1, 1, t)
     for layer in range(layers):
         keys, values = self_k[:t, layer].permute(1, 2, 0, 3), self_v[:t, layer].permute(1, 2, 0, 3)
-        ref = cached_attention(q.reshape(n, h, 1, d), keys, values, None).view(n, -1)
-        torch.testing.assert_close(ops.self_attention(q, self_k, self_v, None, layer, t, d ** -0.5), ref,
+        ref = attend(q.reshape(n, h, 1, d), keys, values, None).view(n, -1)
+        torch.testing.assert_close(ops.self_attention(q, self_k, self_v, None, None, layer, t, d ** -0.5), ref,
+                                   atol=2e-6, rtol=1e-5)
+        ref = attend(q.reshape(n, h, 1, d), keys, values, mask).view(n, -1)  # each row over its own prefix
+        torch.testing.assert_close(ops.self_attention(q, self_k, self_v, None, positions, layer, t, d ** -0.5), ref,
                                    atol=2e-6, rtol=1e-5)
     # through an ancestry table: row n's position p lives in cache row ancestry[p, n] of 2n rows
     wide_k, wide_v = torch.randn(cap, layers, 2 * n, h, d, generator=gen), torch.randn(cap, layers, 2 * n, h, d, generator=gen)
     ancestry = torch.randint(0, 2 * n, (cap, n), generator=gen)
     gather = lambda c: c.gather(2, ancestry[:, None, :, None, None].expand(cap, layers, n, h, d))  # noqa: E731
     for layer in range(layers):
-        torch.testing.assert_close(ops.self_attention(q, wide_k, wide_v, ancestry, layer, t, d ** -0.5),
-                                   ops.self_attention(q, gather(wide_k), gather(wide_v), None, layer, t, d ** -0.5),
-                                   atol=0, rtol=0)
+        for pos in (None, positions):
+            torch.testing.assert_close(ops.self_attention(q, wide_k, wide_v, ancestry, pos, layer, t, d ** -0.5),
+                                       ops.self_attention(q, gather(wide_k), gather(wide_v), None, pos, layer, t, d ** -0.5),
+                                       atol=0, rtol=0)
     with pytest.raises(RuntimeError, match="out of range"):
-        ops.self_attention(q, self_k, self_v, None, layers, t, 1.0)
+        ops.self_attention(q, self_k, self_v, None, None, layers, t, 1.0)
     with pytest.raises(RuntimeError, match="ancestry row out of range"):
-        ops.self_attention(q, self_k, self_v, ancestry, 0, t, 1.0)
+        ops.self_attention(q, self_k, self_v, ancestry, None, 0, t, 1.0)
+    with pytest.raises(RuntimeError, match="position is out of range"):
+        ops.self_attention(q, self_k, self_v, None, positions + t, 0, t, 1.0)
     with pytest.raises(RuntimeError, match="contiguous float32"):
-        ops.self_attention(q, self_k.transpose(0, 1), self_v, None, 0, t, 1.0)
+        ops.self_attention(q, self_k.transpose(0, 1), self_v, None, None, 0, t, 1.0)
+
+
+def _planned_step(cache: KVCache, rows: list[int], positions: list[int]):
+    """The engine's StepAt for cache rows ``rows`` (ascending) at ``positions``."""
+    k = cache.beam_size
+    slots = sorted({r // k for r in rows})
+    grid = [slots.index(r // k) * k + r % k for r in rows]
+    rows_t = torch.tensor(rows)
+    return cache.step_at(torch.zeros(len(rows), dtype=torch.long), rows_t, torch.tensor(positions), torch.tensor(grid),
+                         torch.tensor(slots), t=max(positions) + 1, s=cache.cross_k.shape[3],
+                         shared=len(set(positions)) == 1, first=-1)
 
 
 def test_cross_attention_equals_the_sentence_grid(ops) -> None:
+    """The native kernel (each row over its sentence's source length) equals the ATen grid (additive mask)."""
     gen = torch.Generator().manual_seed(5)
     layers, b, h, s, d, w = 2, 6, 4, 9, 8, 3
     lengths = torch.tensor([9, 1, 4, 9, 6, 2])
     src_mask = torch.arange(s)[None, :] < lengths[:, None]
-    cross_k, cross_v = torch.randn(layers, b, h, s, d, generator=gen), torch.randn(layers, b, h, s, d, generator=gen)
-    slots = torch.tensor([0, 1, 2, 3, 6, 7, 9, 12, 13, 14, 16])  # empty grid entries: finished or pruned beams
-    n = slots.numel()
-    cache = DecoderCache(torch.zeros(2, layers, n, h, d), torch.zeros(2, layers, n, h, d), cross_k, cross_v, src_mask,
-                         slots=slots, width=w)
-    q = torch.randn(n, h * d, generator=gen)
+    cache = KVCache.empty(layers=layers, heads=h, head_dim=d, slots=b, beam_size=w, source_capacity=s,
+                          dtype=torch.float32, device=torch.device("cpu"), zeroed=True)
+    cache.admit(torch.arange(b), torch.randn(layers, b, h, s, d, generator=gen),
+                torch.randn(layers, b, h, s, d, generator=gen), src_mask)
+    rows = [0, 1, 2, 3, 6, 7, 9, 12, 13, 14, 16]  # sentence 2 not planned; empty grid entries: finished or pruned beams
+    at = _planned_step(cache, rows, [0] * len(rows))
+    q = torch.randn(len(rows), h * d, generator=gen)
     for layer in range(layers):
-        torch.testing.assert_close(NativeOps(ops).cross_attention(q, cache, layer), cross_attention(q, cache, layer),
-                                   atol=2e-6, rtol=1e-5)
+        torch.testing.assert_close(NativeOps(ops).cross_attention(q, cache, layer, at),
+                                   ATEN.cross_attention(q, cache, layer, at), atol=2e-6, rtol=1e-5)
     with pytest.raises(RuntimeError, match="sentence index out of range"):
-        ops.cross_attention(q, cross_k, cross_v, 0, cache.cross_bias, torch.full((n,), b), 1.0)
+        ops.cross_attention(q, cache.cross_k, cache.cross_v, 0, None, torch.full((len(rows),), b),
+                            cache.source_lengths, 1.0)
 
 
 def test_decoding_falls_back_to_aten_where_the_operators_cannot_be_built(tmp_path, demo_model_dir) -> None:
@@ -155,54 +178,68 @@ def test_decoding_falls_back_to_aten_where_the_operators_cannot_be_built(tmp_pat
 
 
 @torch.no_grad()
-def test_ancestry_cache_steps_like_the_copying_cache(ops, demo_model_dir) -> None:
-    """A cache that keeps K/V in place and reorders an ancestry table (native operators) gives the
-    logits of the copying cache (ATen operators) through beam permutations, an empty grid entry,
-    a dropped sentence and growth past its initial capacity."""
+def test_native_and_aten_backends_step_alike(ops, demo_model_dir) -> None:
+    """The demo model with every CPU rewrite (native kernels, fused QKV, oneDNN; the cache left
+    unzeroed) and with the ATen step backend give the same logits through beam permutations and
+    duplicates, an empty (pruned) beam, a sentence left out of a step, rows at different positions
+    and growth past the initial capacity."""
     from dataclasses import replace
 
     aten = Translator.load(str(demo_model_dir), speedups=replace(EXACT, native=False))
     fast = Translator.load(str(demo_model_dir), speedups=EXACT)
+    assert fast.checkpoint.model.ops is not ATEN and aten.checkpoint.model.ops is ATEN
     sources = aten.encode(["Ein Mann fährt Fahrrad.", "Zwei Kinder spielen im Garten am Haus.", "Hallo!"])
     k, pad = 3, aten.checkpoint.model.config.pad_token_id
     width = max(len(x) for x in sources)
     src = torch.tensor([x + [pad] * (width - len(x)) for x in sources])
-    src_mask = src != pad
     caches = []
     for t in (aten, fast):
         model = t.checkpoint.model
-        cache = model.init_cache(model.encode(src, src_mask), src_mask, 2, rows=3 * k)
-        caches.append(cache.select(torch.arange(3).repeat_interleave(k), 0, slots=torch.arange(3 * k), width=k))
-    assert caches[0].ancestry is None and caches[1].ancestry is not None
+        caches.append(model.new_cache(3, k, width, target_capacity=2))
+        model.admit(caches[-1], src, src != pad, torch.arange(3))
+    assert caches[0].zeroed and not caches[1].zeroed
     gen = torch.Generator().manual_seed(3)
-    plans = [([2, 2, 0, 4, 3, 3, 8, 6, 7], list(range(9)), None),
-             ([1, 0, 0, 3, 5, 8, 6, 6], [0, 1, 2, 3, 5, 6, 7, 8], None),
-             ([0, 1, 2, 5, 6, 7], [0, 1, 2, 3, 4, 5], torch.tensor([0, 2])),
-             ([5, 4, 3, 2, 1, 0], [0, 1, 2, 3, 4, 5], None)]
-    for step, (keep, slots, sentences) in enumerate(plans):
-        tokens = torch.randint(1, pad, (caches[0].num_rows,), generator=gen)
-        logits = [t.checkpoint.model.decode_step(tokens, step, c) for t, c in zip((aten, fast), caches)]
+    # (rows run, their positions, then row -> source row reorder)
+    plans = [(list(range(9)), [0] * 9, {0: 2, 1: 2, 2: 0, 3: 4, 4: 3, 5: 3, 6: 8, 7: 6, 8: 7}),
+             (list(range(9)), [1] * 9, {0: 1, 1: 0, 2: 0, 3: 3, 4: 5, 6: 8, 7: 6, 8: 6}),
+             ([0, 1, 2, 3, 4, 6, 7, 8], [2] * 8, {0: 0, 1: 1, 2: 2, 6: 6, 7: 7}),
+             ([0, 1, 2, 6, 7], [3, 3, 3, 3, 3], {0: 2, 1: 1, 2: 0, 6: 7, 7: 6}),
+             ([0, 1, 2, 6, 7], [4, 4, 4, 4, 4], {})]
+    for rows, positions, moves in plans:
+        tokens = torch.randint(1, pad, (len(rows),), generator=gen)
+        logits = []
+        for t, cache in zip((aten, fast), caches):
+            at = cache.step_at(tokens, torch.tensor(rows), torch.tensor(positions),
+                               torch.tensor([r for r in rows]), torch.tensor([0, 1, 2]), t=max(positions) + 1,
+                               s=width, shared=True, first=0)
+            model = t.checkpoint.model
+            logits.append(model.decode_step(tokens, at, cache, model.output_head()))
+            if moves:
+                dst = sorted(moves)
+                cache.reorder(torch.tensor([moves[r] for r in dst]), torch.tensor(dst), max(positions) + 1)
         torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=0)
-        caches = [c.select(torch.tensor(keep), step + 1, sentences=sentences, slots=torch.tensor(slots), width=k)
-                  for c in caches]
-    assert caches[1].max_length >= 4 and caches[1].self_k.shape[2] == 3 * k  # grown; K/V rows never moved
+    assert caches[1].max_length >= 5 and caches[1].self_k.shape[2] == 3 * k  # grown; K/V rows never moved
 
 
 def test_self_attention_step_writes_the_rows_then_attends(ops) -> None:
     gen = torch.Generator().manual_seed(9)
     cap, layers, r, n, h, d, t = 8, 2, 10, 6, 4, 8, 5
     self_k, self_v = torch.randn(cap, layers, r, h, d, generator=gen), torch.randn(cap, layers, r, h, d, generator=gen)
+    rows = torch.tensor([9, 0, 4, 2, 7, 5])
+    positions = torch.tensor([4, 4, 2, 0, 3, 4])
     ancestry = torch.randint(0, r, (cap, n), generator=gen)
-    ancestry[t - 1] = torch.arange(n)  # this step's position: row n's own cache row
+    ancestry[positions, torch.arange(n)] = rows  # this step's position: the row's own cache row
     qkv = torch.randn(n, 3 * h * d + 5, generator=gen)[:, : 3 * h * d]  # strided rows
     k_ref, v_ref = self_k.clone(), self_v.clone()
-    k_ref[t - 1, 1, :n] = qkv[:, h * d: 2 * h * d].view(n, h, d)
-    v_ref[t - 1, 1, :n] = qkv[:, 2 * h * d:].view(n, h, d)
-    out = ops.self_attention_step(qkv, self_k, self_v, ancestry, 1, t, d ** -0.5)
-    assert torch.equal(self_k, k_ref) and torch.equal(self_v, v_ref)  # only (t - 1, layer 1, rows :n) written
-    assert torch.equal(out, ops.self_attention(qkv[:, : h * d], k_ref, v_ref, ancestry, 1, t, d ** -0.5))
+    k_ref[positions, 1, rows] = qkv[:, h * d: 2 * h * d].reshape(n, h, d)
+    v_ref[positions, 1, rows] = qkv[:, 2 * h * d:].reshape(n, h, d)
+    out = ops.self_attention_step(qkv, self_k, self_v, ancestry, rows, positions, 1, t, d ** -0.5)
+    assert torch.equal(self_k, k_ref) and torch.equal(self_v, v_ref)  # only (position, layer 1, row) written
+    assert torch.equal(out, ops.self_attention(qkv[:, : h * d], k_ref, v_ref, ancestry, positions, 1, t, d ** -0.5))
     with pytest.raises(RuntimeError, match="qkv must be"):
-        ops.self_attention_step(qkv[:, : 2 * h * d], self_k, self_v, ancestry, 1, t, 1.0)
+        ops.self_attention_step(qkv[:, : 2 * h * d], self_k, self_v, ancestry, rows, positions, 1, t, 1.0)
+    with pytest.raises(RuntimeError, match="row or position out of range"):
+        ops.self_attention_step(qkv, self_k, self_v, ancestry, rows + r, positions, 1, t, 1.0)
 
 
 def test_a_build_killed_midway_never_blocks_a_later_load(tmp_path) -> None:

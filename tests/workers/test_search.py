@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 
-from workers.engine import stop_mask
+from workers.beams import stop_mask
 from workers.search import (
     Candidates,
     FinishedPool,

@@ -1,4 +1,4 @@
-"""Streaming decoding: every scheduler policy returns exactly what batch beam search returns."""
+"""The engine under every scheduler policy returns exactly what batch beam search (FIXED) returns."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -10,8 +10,10 @@ from workers.config import ModelConfig, PruningConfig, SearchConfig
 from workers.engine import beam_search
 from workers.model import MarianModel
 from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
-from workers.slots import SlotCache
-from workers.stream import StreamDecoder
+from workers.cache import KVCache
+from workers.engine import Engine
+from workers.native import load as load_native
+from workers.step_ops import NativeOps
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V, PAD, EOS = 60, 59, 0
@@ -66,22 +68,22 @@ SEARCH = SearchConfig(beam_size=4, num_hypotheses=2, max_length_a=1.0, max_lengt
 def test_every_policy_equals_batch_beam_search(model, sources, policy, unit, capacity):
     sched = SchedulerConfig(policy=policy, max_batch_sentences=6, capacity=capacity, capacity_unit=unit,
                             beam_size=SEARCH.beam_size, epsilon=1 / 3, flush_every=5)
-    decoder = StreamDecoder(model, SEARCH, sched, forced_eos=True)
+    decoder = Engine(model, SEARCH, sched, forced_eos=True)
     streamed = decoder.decode(sources)
     assert same(streamed, batch_reference(model, sources, SEARCH))
     caps = [SEARCH.max_length_for(len(x)) for x in sources]
     natural = sum(len(r[0].tokens) < cap for r, cap in zip(streamed, caps))
     assert 5 <= natural <= len(sources) - 5  # both paths exercised: EOS before the cap, and capped
-    stats = decoder.scheduler.stats
+    stats = decoder.stats.scheduler
     assert stats.steps == len(stats.batch_sizes) and stats.refills >= 1
     assert max(stats.batch_sizes) <= 6
 
 
 def test_var_stream_equals_var_batch_with_pruning(model, sources):
     cfg = replace(SEARCH, pruning=PruningConfig(ap=1.5, mc=2))
-    var_batch = StreamDecoder(model, cfg, SchedulerConfig(policy=Policy.VAR_BATCH, max_batch_sentences=6,
+    var_batch = Engine(model, cfg, SchedulerConfig(policy=Policy.VAR_BATCH, max_batch_sentences=6,
                                                           capacity=6, beam_size=4)).decode(sources)
-    var_stream = StreamDecoder(model, cfg, SchedulerConfig(policy=Policy.VAR_STREAM, max_batch_sentences=6,
+    var_stream = Engine(model, cfg, SchedulerConfig(policy=Policy.VAR_STREAM, max_batch_sentences=6,
                                                            capacity=6, beam_size=4, epsilon=1 / 6)).decode(sources)
     assert same(var_stream, var_batch)
     assert same(var_batch, batch_reference(model, sources, cfg))
@@ -89,8 +91,8 @@ def test_var_stream_equals_var_batch_with_pruning(model, sources):
 
 def test_stream_with_shortlist_of_whole_vocabulary_is_unchanged(model, sources):
     sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=5, capacity=5, beam_size=4)
-    plain = StreamDecoder(model, SEARCH, sched).decode(sources[:12])
-    listed = StreamDecoder(model, SEARCH, sched, candidates=torch.arange(V)).decode(sources[:12])
+    plain = Engine(model, SEARCH, sched).decode(sources[:12])
+    listed = Engine(model, SEARCH, sched, candidates=torch.arange(V)).decode(sources[:12])
     assert same(plain, listed)
 
 
@@ -103,25 +105,31 @@ def test_five_hundred_sentences_stream_equals_batch(model):
     pruned = replace(cfg, pruning=PruningConfig(delta=1.5, mc=2))
     sched = SchedulerConfig(max_batch_sentences=16, capacity=16, beam_size=3, epsilon=1 / 6)
     fixed = batch_reference(model, sources, cfg, batch_size=16)
-    fixed_stream = StreamDecoder(model, cfg, replace(sched, policy=Policy.TOPUP)).decode(sources)
-    var_batch = StreamDecoder(model, pruned, replace(sched, policy=Policy.VAR_BATCH)).decode(sources)
-    var_stream = StreamDecoder(model, pruned, replace(sched, policy=Policy.VAR_STREAM)).decode(sources)
+    fixed_stream = Engine(model, cfg, replace(sched, policy=Policy.TOPUP)).decode(sources)
+    var_batch = Engine(model, pruned, replace(sched, policy=Policy.VAR_BATCH)).decode(sources)
+    var_stream = Engine(model, pruned, replace(sched, policy=Policy.VAR_STREAM)).decode(sources)
     assert same(fixed_stream, fixed)
     assert same(var_stream, var_batch)
 
 
 def test_unfilled_self_attention_storage_is_never_read(model, sources, monkeypatch):
-    """The slot cache leaves self K/V storage unfilled; poison it with NaN: masked positions must read
-    the zero entry, so the output still equals batch beam search."""
-    empty = SlotCache.empty.__func__
+    """With the native kernels the cache is not zeroed (each row reads exactly its own written
+    prefix); poison the unwritten storage with NaN: the output still equals batch beam search."""
+    kernels = load_native()
+    if kernels is None:
+        pytest.skip("native decode operators could not be built here")
+    expected = batch_reference(model, sources, SEARCH)
+    empty = KVCache.empty.__func__
 
-    def poisoned(cls, *args):
-        cache = empty(cls, *args)
-        cache.self_k[:, :-1] = float("nan")
-        cache.self_v[:, :-1] = float("nan")
+    def poisoned(cls, **kwargs):
+        cache = empty(cls, **kwargs)
+        assert not cache.zeroed
+        cache.self_k.fill_(float("nan"))
+        cache.self_v.fill_(float("nan"))
         return cache
 
-    monkeypatch.setattr(SlotCache, "empty", classmethod(poisoned))
+    monkeypatch.setattr(KVCache, "empty", classmethod(poisoned))
+    monkeypatch.setattr(model.model.decoder, "ops", NativeOps(kernels))
     sched = SchedulerConfig(policy=Policy.VAR_STREAM, max_batch_sentences=6, capacity=6, beam_size=4,
                             epsilon=1 / 3, flush_every=3)  # flushes: rows at different positions share steps
-    assert same(StreamDecoder(model, SEARCH, sched).decode(sources), batch_reference(model, sources, SEARCH))
+    assert same(Engine(model, SEARCH, sched).decode(sources), expected)

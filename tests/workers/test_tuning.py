@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import workers.translator as translator_module
 from workers.config import SearchConfig
 from workers.translator import Translator
 from workers.tuning import BatchTuner, TunerConfig, bytes_per_sentence
@@ -65,16 +64,16 @@ def test_batch_out_of_memory_is_split_and_retried_with_identical_output(demo_mod
              "Kinder spielen im Park.", "Ein Mann fährt Fahrrad.", "Eine Katze schläft."]
     cfg = SearchConfig(beam_size=3)
     expected = [t.text for t in Translator.load(str(demo_model_dir), max_batch_size=2).translate(texts, cfg)]
-    real = translator_module.beam_search
+    real = Translator._search
     seen = []
 
-    def limited(model, src_ids, *args, **kwargs):  # a device that holds at most 2 sentences
-        seen.append(src_ids.shape[0])
-        if src_ids.shape[0] > 2:
+    def limited(self, sources, *args, **kwargs):  # a device that holds at most 2 sentences
+        seen.append(len(sources))
+        if len(sources) > 2:
             raise torch.OutOfMemoryError("injected: batch too large")
-        return real(model, src_ids, *args, **kwargs)
+        return real(self, sources, *args, **kwargs)
 
-    monkeypatch.setattr(translator_module, "beam_search", limited)
+    monkeypatch.setattr(Translator, "_search", limited)
     tr = Translator.load(str(demo_model_dir), max_batch_size=6)
     tuner = tr.tune_batches(cfg, TunerConfig(start=6, pairs=1))
     assert [t.text for t in tr.translate(texts, cfg)] == expected
@@ -85,7 +84,7 @@ def test_a_single_sentence_that_does_not_fit_is_an_error_not_a_loop(demo_model_d
     def full(*args, **kwargs):
         raise torch.OutOfMemoryError("injected: nothing fits")
 
-    monkeypatch.setattr(translator_module, "beam_search", full)
+    monkeypatch.setattr(Translator, "_search", full)
     tr = Translator.load(str(demo_model_dir), max_batch_size=4)
     with pytest.raises(torch.OutOfMemoryError):
         tr.translate(["Ein Hund.", "Eine Katze.", "Ein Mann.", "Eine Frau."], SearchConfig(beam_size=2))

@@ -6,11 +6,12 @@
 //                         scan per row; the log-probs are bit-equal to ATen's log_softmax (same
 //                         vectorised max, exp-sum and log as ATen's kernel).
 //   self_attention:      one query per row over the time-major self-attention cache
-//                         (scores, softmax, weighted sum) -> one pass per (row, head); rows may
-//                         read their positions through an ancestry table, so beam reordering
-//                         moves row indices instead of K/V; self_attention_step also writes
-//                         the step's K/V from the fused QKV output first.
-//   cross_attention:     one query per row over its sentence's source K/V (additive mask).
+//                         (scores, softmax, weighted sum) -> one pass per (row, head); each row
+//                         reads its own prefix (rows at different positions share a call) through
+//                         an ancestry table, so beam reordering moves row indices instead of K/V;
+//                         self_attention_step also writes the step's K/V from the fused QKV output.
+//   cross_attention:     one query per row over its sentence's source K/V, bounded by the
+//                         sentence's source length (or an additive mask).
 //   add_layer_norm:      the post-norm residual layer_norm(x + h) in one call.
 // Dimension letters: N rows, V columns, T capacity, L layers, H heads, D head dim, E = H * D,
 // B sentences, S source positions.
@@ -132,11 +133,13 @@ void check_query(const at::Tensor& q, int64_t e) {
 }  // namespace
 
 // Self-attention of one step: q (N, E) (any row stride), cache_k / cache_v (T, L, R, H, D)
-// contiguous float32 (R >= N cache rows), positions [0, length) of ``layer`` -> (N, E), heads
-// merged. ``ancestry`` (T', N) int64 contiguous, T' >= length: row n's position t is cache row
-// ancestry[t, n] (beam reordering without moving K/V); undefined: row n is cache row n (R == N).
+// contiguous float32 (R >= N cache rows), ``layer`` -> (N, E), heads merged. Row n attends over
+// positions [0, positions[n]] (``positions`` (N,) int64), or [0, length) when undefined (every row
+// at one position). ``ancestry`` (T', N) int64 contiguous, T' >= length: row n's position t is cache
+// row ancestry[t, n] (beam reordering without moving K/V); undefined: row n is cache row n (R == N).
 at::Tensor self_attention(const at::Tensor& q, const at::Tensor& cache_k, const at::Tensor& cache_v,
-                          const c10::optional<at::Tensor>& ancestry, int64_t layer, int64_t length, double scale) {
+                          const c10::optional<at::Tensor>& ancestry, const c10::optional<at::Tensor>& positions,
+                          int64_t layer, int64_t length, double scale) {
   TORCH_CHECK(cache_k.dim() == 5 && cache_k.is_contiguous() && cache_v.is_contiguous() &&
               cache_k.sizes() == cache_v.sizes() && cache_k.scalar_type() == at::kFloat && cache_v.scalar_type() == at::kFloat,
               "self_attention: caches must be contiguous float32 (T, L, R, H, D)");
@@ -144,6 +147,14 @@ at::Tensor self_attention(const at::Tensor& q, const at::Tensor& cache_k, const 
   const int64_t n = q.size(0);
   TORCH_CHECK(layer >= 0 && layer < l && length >= 1 && length <= cache_k.size(0),
               "self_attention: layer or length out of range");
+  const int64_t* pos = nullptr;
+  if (positions.has_value() && positions->defined()) {
+    TORCH_CHECK(positions->dim() == 1 && positions->size(0) == n && positions->scalar_type() == at::kLong &&
+                positions->is_contiguous(), "self_attention: positions must be a contiguous int64 (N,) tensor");
+    pos = positions->data_ptr<int64_t>();
+    for (int64_t row = 0; row < n; ++row)
+      TORCH_CHECK(pos[row] >= 0 && pos[row] < length, "self_attention: a position is out of range");
+  }
   const bool by_ancestry = ancestry.has_value() && ancestry->defined();
   const int64_t* anc = nullptr;
   if (by_ancestry) {
@@ -151,8 +162,11 @@ at::Tensor self_attention(const at::Tensor& q, const at::Tensor& cache_k, const 
                 ancestry->size(0) >= length && ancestry->size(1) == n,
                 "self_attention: ancestry must be a contiguous int64 (T, N) tensor covering the length");
     anc = ancestry->data_ptr<int64_t>();
-    const int64_t cells = length * n;
-    for (int64_t c = 0; c < cells; ++c) TORCH_CHECK(anc[c] >= 0 && anc[c] < r, "self_attention: ancestry row out of range");
+    for (int64_t row = 0; row < n; ++row) {  // only the cells a row reads
+      const int64_t len = pos ? pos[row] + 1 : length;
+      for (int64_t t = 0; t < len; ++t)
+        TORCH_CHECK(anc[t * n + row] >= 0 && anc[t * n + row] < r, "self_attention: ancestry row out of range");
+    }
   } else {
     TORCH_CHECK(n == r, "self_attention: rows out of range");
   }
@@ -165,13 +179,13 @@ at::Tensor self_attention(const at::Tensor& q, const at::Tensor& cache_k, const 
     std::vector<float> scores(length);
     std::vector<const float*> keys(length), vals(length);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t row = task / h, head = task % h;
-      for (int64_t t = 0; t < length; ++t) {
+      const int64_t row = task / h, head = task % h, len = pos ? pos[row] + 1 : length;
+      for (int64_t t = 0; t < len; ++t) {
         const int64_t at = t * step + ((layer * r + (by_ancestry ? anc[t * n + row] : row)) * h + head) * d;
         keys[t] = kp + at;
         vals[t] = vp + at;
       }
-      attend(qp + row * q_stride + head * d, keys.data(), vals.data(), nullptr, length, d, static_cast<float>(scale),
+      attend(qp + row * q_stride + head * d, keys.data(), vals.data(), nullptr, len, d, static_cast<float>(scale),
              scores.data(), op + row * h * d + head * d);
     }
   });
@@ -179,10 +193,12 @@ at::Tensor self_attention(const at::Tensor& q, const at::Tensor& cache_k, const 
 }
 
 // Self-attention of one step from the fused projection: qkv (N, 3E) (unit column stride). Writes
-// each row's k and v at position length - 1 of ``layer``, cache row n for row n, then attends as
-// self_attention with q = qkv[:, :E]: one call instead of a split, two reshapes and two writes.
+// row n's k and v at position positions[n] (or length - 1) of ``layer``, cache row rows[n] (or n),
+// then attends as self_attention with q = qkv[:, :E]: one call instead of a split, two reshapes and
+// two writes.
 at::Tensor self_attention_step(const at::Tensor& qkv, const at::Tensor& cache_k, const at::Tensor& cache_v,
-                               const c10::optional<at::Tensor>& ancestry, int64_t layer, int64_t length, double scale) {
+                               const c10::optional<at::Tensor>& ancestry, const c10::optional<at::Tensor>& rows,
+                               const c10::optional<at::Tensor>& positions, int64_t layer, int64_t length, double scale) {
   TORCH_CHECK(cache_k.dim() == 5 && cache_k.is_contiguous() && cache_v.is_contiguous() &&
               cache_k.sizes() == cache_v.sizes() && cache_k.scalar_type() == at::kFloat && cache_v.scalar_type() == at::kFloat,
               "self_attention: caches must be contiguous float32 (T, L, R, H, D)");
@@ -192,36 +208,56 @@ at::Tensor self_attention_step(const at::Tensor& qkv, const at::Tensor& cache_k,
   const int64_t n = qkv.size(0);
   TORCH_CHECK(layer >= 0 && layer < l && length >= 1 && length <= cache_k.size(0) && n <= r,
               "self_attention: layer, length or rows out of range");
-  const int64_t at = ((length - 1) * l + layer) * r * e, stride = qkv.stride(0);
+  const bool has_rows = rows.has_value() && rows->defined(), has_pos = positions.has_value() && positions->defined();
+  for (const auto* index : {has_rows ? &*rows : nullptr, has_pos ? &*positions : nullptr})
+    TORCH_CHECK(!index || (index->dim() == 1 && index->size(0) == n && index->scalar_type() == at::kLong &&
+                           index->is_contiguous()), "self_attention_step: rows and positions must be contiguous int64 (N,)");
+  const int64_t *rp = has_rows ? rows->data_ptr<int64_t>() : nullptr, *pp = has_pos ? positions->data_ptr<int64_t>() : nullptr;
+  const int64_t stride = qkv.stride(0);
   const float* src = qkv.data_ptr<float>();
-  float *kd = cache_k.data_ptr<float>() + at, *vd = cache_v.data_ptr<float>() + at;
+  float *kd = cache_k.data_ptr<float>(), *vd = cache_v.data_ptr<float>();
   for (int64_t row = 0; row < n; ++row) {
-    std::copy_n(src + row * stride + e, e, kd + row * e);
-    std::copy_n(src + row * stride + 2 * e, e, vd + row * e);
+    const int64_t cache_row = rp ? rp[row] : row, p = pp ? pp[row] : length - 1;
+    TORCH_CHECK(cache_row >= 0 && cache_row < r && p >= 0 && p < length, "self_attention_step: row or position out of range");
+    const int64_t at = ((p * l + layer) * r + cache_row) * e;
+    std::copy_n(src + row * stride + e, e, kd + at);
+    std::copy_n(src + row * stride + 2 * e, e, vd + at);
   }
-  return self_attention(qkv.narrow(1, 0, e), cache_k, cache_v, ancestry, layer, length, scale);
+  return self_attention(qkv.narrow(1, 0, e), cache_k, cache_v, ancestry, positions, layer, length, scale);
 }
 
 // Cross-attention of one step: q (N, E) (any row stride); cross_k / cross_v (L, B, H, S, D)
 // contiguous float32; bias (B, H, 1, S) additive mask (0 or -inf); sentence (N,) int64: each
-// row's sentence -> (N, E), heads merged.
+// row's sentence; ``lengths`` (B,) int64 or undefined: sentence j attends over its first lengths[j]
+// source positions only (its padding is never read) -> (N, E), heads merged.
 at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& cross_k, const at::Tensor& cross_v, int64_t layer,
-                           const at::Tensor& bias, const at::Tensor& sentence, double scale) {
+                           const c10::optional<at::Tensor>& bias, const at::Tensor& sentence,
+                           const c10::optional<at::Tensor>& lengths,
+                           double scale) {
   TORCH_CHECK(cross_k.dim() == 5 && cross_k.is_contiguous() && cross_v.is_contiguous() &&
               cross_k.sizes() == cross_v.sizes() && cross_k.scalar_type() == at::kFloat && cross_v.scalar_type() == at::kFloat,
               "cross_attention: K/V must be contiguous float32 (L, B, H, S, D)");
   const int64_t b = cross_k.size(1), h = cross_k.size(2), s = cross_k.size(3), d = cross_k.size(4);
   const int64_t n = q.size(0);
   TORCH_CHECK(layer >= 0 && layer < cross_k.size(0), "cross_attention: layer out of range");
-  TORCH_CHECK(bias.is_contiguous() && bias.scalar_type() == at::kFloat && bias.numel() == b * h * s,
+  const bool has_bias = bias.has_value() && bias->defined();
+  TORCH_CHECK(!has_bias || (bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == b * h * s),
               "cross_attention: bias must be contiguous float32 (B, H, 1, S)");
   TORCH_CHECK(sentence.dim() == 1 && sentence.size(0) == n && sentence.scalar_type() == at::kLong && sentence.is_contiguous(),
               "cross_attention: sentence must be a contiguous int64 (N,) tensor");
   check_query(q, h * d);
   const int64_t* sp = sentence.data_ptr<int64_t>();
   for (int64_t r = 0; r < n; ++r) TORCH_CHECK(sp[r] >= 0 && sp[r] < b, "cross_attention: sentence index out of range");
+  const int64_t* lp = nullptr;
+  TORCH_CHECK(has_bias || (lengths.has_value() && lengths->defined()), "cross_attention: give a bias or lengths");
+  if (lengths.has_value() && lengths->defined()) {
+    TORCH_CHECK(lengths->dim() == 1 && lengths->size(0) == b && lengths->scalar_type() == at::kLong &&
+                lengths->is_contiguous(), "cross_attention: lengths must be a contiguous int64 (B,) tensor");
+    lp = lengths->data_ptr<int64_t>();
+    for (int64_t r = 0; r < n; ++r) TORCH_CHECK(lp[sp[r]] >= 1 && lp[sp[r]] <= s, "cross_attention: a length is out of range");
+  }
   auto out = at::empty({n, h * d}, q.options().memory_format(at::MemoryFormat::Contiguous));
-  const float *qp = q.data_ptr<float>(), *bp = bias.data_ptr<float>();
+  const float *qp = q.data_ptr<float>(), *bp = has_bias ? bias->data_ptr<float>() : nullptr;
   const float *kp = cross_k.data_ptr<float>() + layer * b * h * s * d, *vp = cross_v.data_ptr<float>() + layer * b * h * s * d;
   float* op = out.data_ptr<float>();
   const int64_t q_stride = q.stride(0);
@@ -229,13 +265,13 @@ at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& cross_k, const
     std::vector<float> scores(s);
     std::vector<const float*> keys(s), vals(s);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t row = task / h, head = task % h, j = sp[row];
+      const int64_t row = task / h, head = task % h, j = sp[row], len = lp ? lp[j] : s;
       const int64_t at = (j * h + head) * s * d;
-      for (int64_t t = 0; t < s; ++t) {
+      for (int64_t t = 0; t < len; ++t) {
         keys[t] = kp + at + t * d;
         vals[t] = vp + at + t * d;
       }
-      attend(qp + row * q_stride + head * d, keys.data(), vals.data(), bp + (j * h + head) * s, s, d,
+      attend(qp + row * q_stride + head * d, keys.data(), vals.data(), bp ? bp + (j * h + head) * s : nullptr, len, d,
              static_cast<float>(scale), scores.data(), op + row * h * d + head * d);
     }
   });
@@ -277,12 +313,12 @@ int64_t vector_width() { return Vec::size(); }
 TORCH_LIBRARY(raymt, m) {
   m.def("vector_width() -> int", &vector_width);  // floats per vector register this build uses
   m.def("row_top_log_softmax(Tensor logits, int k, int skip) -> (Tensor, Tensor)");
-  m.def("self_attention(Tensor q, Tensor cache_k, Tensor cache_v, Tensor? ancestry, int layer, int length, float scale)"
-        " -> Tensor");
-  m.def("cross_attention(Tensor q, Tensor cross_k, Tensor cross_v, int layer, Tensor bias, Tensor sentence, float scale)"
-        " -> Tensor");
-  m.def("self_attention_step(Tensor qkv, Tensor(a!) cache_k, Tensor(b!) cache_v, Tensor? ancestry, int layer, int length,"
-        " float scale) -> Tensor");
+  m.def("self_attention(Tensor q, Tensor cache_k, Tensor cache_v, Tensor? ancestry, Tensor? positions, int layer,"
+        " int length, float scale) -> Tensor");
+  m.def("cross_attention(Tensor q, Tensor cross_k, Tensor cross_v, int layer, Tensor? bias, Tensor sentence,"
+        " Tensor? lengths, float scale) -> Tensor");
+  m.def("self_attention_step(Tensor qkv, Tensor(a!) cache_k, Tensor(b!) cache_v, Tensor? ancestry, Tensor? rows,"
+        " Tensor? positions, int layer, int length, float scale) -> Tensor");
   m.def("add_layer_norm(Tensor x, Tensor h, Tensor weight, Tensor bias, float eps) -> Tensor");
 }
 

@@ -1,0 +1,130 @@
+"""The beam-search state of the engine's slots, kept on the model's device, and its step update.
+
+Per slot (a sentence being decoded): running (slots, K) cumulative log-probs, live beams first
+(-inf = no beam); last (R,) each row's next input token; and its finished pool, the K best finished
+hypotheses, best first: ``pool`` (slots, K, 4) float64 records (normalised score, -inf = empty;
+log-prob; length; last token) and ``pool_tokens`` (slots, K, T) the tokens before the last. Pools live on the device too, so a step never reads
+anything back: finished candidates are merged into the pools tensor-wide, and the pools' best
+entries come back with the step's one read (``Readback``).
+
+Everything here is a pure function of tensors in, state updated in place; the search math itself
+is ``workers.search`` (pure step functions) and ``workers.pruning``.
+
+Dimension letters: B' planned slots, K beam, C = 2K candidates, N run rows, T pool token capacity.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from workers.config import PruningConfig
+from workers.pruning import RunningCandidates, keep_mask
+from workers.search import NEG_INF, Candidates, Hypothesis, StepSelection
+
+LONG = torch.long
+
+
+SCORE, LOG_PROB, LENGTH, TOKEN = range(4)  # the fields of a pool entry's ``pool`` record
+
+
+@dataclass
+class SlotState:
+    running: Tensor
+    last: Tensor
+    pool: Tensor
+    pool_tokens: Tensor
+    pruned: Tensor  # () running candidates discarded by pruning, summed (read once per decode)
+
+    @classmethod
+    def empty(cls, slots: int, k: int, t_cap: int, pad: int, device: torch.device) -> "SlotState":
+        pool = torch.zeros(slots, k, 4, dtype=torch.float64, device=device)
+        pool[..., SCORE] = NEG_INF
+        return cls(torch.full((slots, k), NEG_INF, device=device), torch.full((slots * k,), pad, dtype=LONG, device=device),
+                   pool, torch.full((slots, k, t_cap), pad, dtype=LONG, device=device),
+                   torch.zeros((), dtype=LONG, device=device))
+
+    def admit(self, slots: Tensor, start: int) -> None:
+        """Fresh sentences in ``slots`` (A,): one live beam at score 0 fed the start token, empty pools."""
+        k = self.running.shape[1]
+        self.running[slots] = NEG_INF
+        self.running[slots, 0] = 0.0
+        self.pool[slots, :, SCORE] = NEG_INF
+        self.pool[slots, :, LOG_PROB] = NEG_INF
+        self.last[slots * k] = start
+
+    def pool_summary(self, slots: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """What the stop test and pruning read of the planned slots' pools (B',): best raw log-prob
+        (-inf if none), worst kept normalised score (float64; -inf until full), full."""
+        pool = self.pool[slots]  # (B', K, 4)
+        worst = pool[:, -1, SCORE]
+        return pool[:, :, LOG_PROB].max(1).values, worst, torch.isfinite(worst)
+
+    def add_finished(self, slots: Tensor, cands: Candidates, sel: StepSelection, generated: Tensor, norm: Tensor,
+                     history: Tensor) -> None:
+        """Merge this step's finished candidates into the planned slots' pools, as HF's beam
+        hypotheses do one by one (a stable sort over the old entries, then the new in candidate order).
+
+        generated (B',) tokens each sentence has after this step; norm (B',) float64 generated ** lp;
+        history (B', C, t') each candidate's source beam's tokens (its own token is its record's TOKEN).
+        """
+        k, (b, c), t = self.running.shape[1], cands.scores.shape, history.shape[2]
+        log_prob = cands.scores.masked_fill(~sel.finished, NEG_INF).double()  # (B', C)
+        new = torch.stack([log_prob / norm[:, None], log_prob, generated[:, None].expand(b, c).double(),
+                           cands.tokens.double()], 2)  # (B', C, 4)
+        pool = torch.cat([self.pool[slots], new], 1)  # (B', K + C, 4)
+        order = pool[:, :, SCORE].sort(dim=1, descending=True, stable=True).indices[:, :k, None]  # (B', K, 1)
+        self.pool[slots] = pool.gather(1, order.expand(b, k, 4))
+        if t:
+            tokens = torch.cat([self.pool_tokens[slots, :, :t], history], 1)  # (B', K + C, t')
+            self.pool_tokens[slots, :, :t] = tokens.gather(1, order.expand(b, k, t))
+
+    def prune(self, cands: Candidates, sel: StepSelection, best_finished: Tensor, pruning: PruningConfig) -> Tensor:
+        """Running scores (B', K) with the candidates the heuristics discard set to -inf; the
+        discarded count is added to ``pruned`` on the device. best_finished (B',) raw log-prob."""
+        running = sel.running_scores
+        if not pruning.active:
+            return running
+        source_beam, word = cands.beams.gather(1, sel.running), cands.word_log_probs.gather(1, sel.running)  # (B', K)
+        keep = keep_mask(RunningCandidates(running, word, source_beam, cands.scores[:, 0], best_finished), pruning)
+        self.pruned += (torch.isfinite(running) & ~keep).sum()
+        return running.masked_fill(~keep, NEG_INF)
+
+
+def stop_mask(best: Tensor, at_max: Tensor, full: Tensor, worst: Tensor, norm: Tensor | float,
+              early_stopping: bool) -> Tensor:
+    """``is_done`` for every planned sentence at once (B',): at its cap, out of running beams, or
+    (HF's test) a full pool whose worst entry (float64) the best running beam, normalised now
+    (divided by ``norm`` = generated ** length_penalty), cannot beat. best (B',) each sentence's
+    best running score; at_max, full (B',) bool; worst (B',) float64."""
+    beaten = best.double() / norm <= worst
+    return at_max | ~torch.isfinite(best) | (full & (beaten | early_stopping))
+
+
+@dataclass(frozen=True)
+class Readback:
+    """What one step reads back from the device, in one copy: per planned sentence done, its new
+    live width, and its pool's ``nbest`` best entries (records and tokens)."""
+
+    done: list[bool]
+    widths: list[int]
+    rows: Tensor  # (B', 2 + nbest * (4 + t')) int64 on the host
+
+    @classmethod
+    def pack(cls, state: SlotState, slots: Tensor, done: Tensor, widths: Tensor, nbest: int, t: int) -> "Readback":
+        """Gather the planned slots' step outcome into one int64 tensor and copy it to the host."""
+        b = slots.shape[0]
+        records = state.pool[slots, :nbest].view(LONG).view(b, -1)  # float64 bits ride as int64
+        tokens = state.pool_tokens[slots, :nbest, :t].reshape(b, -1)
+        host = torch.cat([done[:, None].to(LONG), widths[:, None], records, tokens], 1).cpu()  # the step's one copy
+        head = host[:, :2].tolist()
+        return cls([bool(d) for d, _ in head], [w for _, w in head], host)
+
+    def hypotheses(self, j: int, nbest: int, t: int) -> list[Hypothesis]:
+        """Sentence j's finished hypotheses, best first."""
+        row = self.rows[j]
+        records = row[2: 2 + 4 * nbest].view(torch.float64).view(nbest, 4).tolist()
+        tokens = row[2 + 4 * nbest:].view(nbest, t).tolist()
+        return [Hypothesis(tuple(tokens[i][: int(length) - 1]) + (int(token),), score, log_prob)
+                for i, (score, log_prob, length, token) in enumerate(records) if score != NEG_INF]
