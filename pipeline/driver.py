@@ -27,6 +27,7 @@ from pipeline.actors import DecoderActor, EncoderWorker, unit_to_row
 from pipeline.dispatch import Pool, Verdict
 from pipeline.timeline import Board, Progress
 from pipeline.units import WorkUnit
+from workers.device import DeviceUnavailable
 
 if TYPE_CHECKING:
     from pipeline.ledger import Lease
@@ -257,6 +258,8 @@ class Driver:
         except ray.exceptions.RayError as e:
             self.last_problem = f"{actor}: {_first_line(e)}"
             permanent = bool(getattr(e, "actor_init_failed", False)) or not isinstance(e, ray.exceptions.RayActorError)
+            if isinstance(getattr(e, "cause", None), DeviceUnavailable):  # no retry can bring the device
+                raise e.cause from None
             if actor in self.pool.starting:
                 if permanent:
                     self._retire(actor)

@@ -67,17 +67,19 @@ class SlotState:
         hypotheses do one by one (a stable sort over the old entries, then the new in candidate order).
 
         generated (B',) tokens each sentence has after this step; norm (B',) float64 generated ** lp;
-        history (B', C, t') each candidate's source beam's tokens (its own token is its record's TOKEN).
+        history (B', K, t') the source beam's tokens of each of the first K candidates (the only
+        ones that may finish: ``select_step``); a candidate's own token is its record's TOKEN.
         """
-        k, (b, c), t = self.running.shape[1], cands.scores.shape, history.shape[2]
-        log_prob = cands.scores.masked_fill(~sel.finished, NEG_INF).double()  # (B', C)
-        new = torch.stack([log_prob / norm[:, None], log_prob, generated[:, None].expand(b, c).double(),
-                           cands.tokens.double()], 2)  # (B', C, 4)
-        pool = torch.cat([self.pool[slots], new], 1)  # (B', K + C, 4)
+        k, t = self.running.shape[1], history.shape[2]
+        b = slots.shape[0]
+        log_prob = cands.scores[:, :k].masked_fill(~sel.finished[:, :k], NEG_INF).double()  # (B', K)
+        new = torch.stack([log_prob / norm[:, None], log_prob, generated[:, None].expand(b, k).double(),
+                           cands.tokens[:, :k].double()], 2)  # (B', K, 4)
+        pool = torch.cat([self.pool[slots], new], 1)  # (B', 2K, 4)
         order = pool[:, :, SCORE].sort(dim=1, descending=True, stable=True).indices[:, :k, None]  # (B', K, 1)
         self.pool[slots] = pool.gather(1, order.expand(b, k, 4))
         if t:
-            tokens = torch.cat([self.pool_tokens[slots, :, :t], history], 1)  # (B', K + C, t')
+            tokens = torch.cat([self.pool_tokens[slots, :, :t], history], 1)  # (B', 2K, t')
             self.pool_tokens[slots, :, :t] = tokens.gather(1, order.expand(b, k, t))
 
     def prune(self, cands: Candidates, sel: StepSelection, best_finished: Tensor, pruning: PruningConfig) -> Tensor:

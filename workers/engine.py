@@ -137,6 +137,7 @@ class Engine:
         self._norm = torch.tensor([float(n) ** lp if n else 1.0 for n in range(max(caps) + 2)], dtype=torch.float64,
                                   device=dev)
         self._head = self.model.output_head(self.candidates)
+        self._beams = torch.arange(k, device=dev)  # (K,)
         if self.candidates is not None:
             self.stats.shortlist_sizes.append(int(self.candidates.numel()))
         self._free, self._slot = list(range(slots)), {}
@@ -210,17 +211,21 @@ class Engine:
                                 ops=self.model.ops)
         self.stats.record_step(ix.rows.shape[0], slots.shape[0])
         norm = self._norm[ix.generated]  # (B',)
-        st.add_finished(slots, cands, sel, ix.generated, norm, self._candidate_history(slots, cands, t))
+        if self.model.ops.may_any(sel.finished):  # (on the CPU: skipped when no candidate finished)
+            st.add_finished(slots, cands, sel, ix.generated, norm, self._candidate_history(slots, cands, t))
         best, worst, full = st.pool_summary(slots)
         running = st.prune(cands, sel, best, self.search.pruning)
         running, order = running.sort(dim=1, descending=True, stable=True)  # live beams first
         chosen = sel.running.gather(1, order)  # (B', K) candidate index of each new beam
         done = stop_mask(running[:, 0], ix.at_max, full, worst, norm, self.search.early_stopping)
         with record_function("cache reorder"):  # ancestry columns only: K/V never move
-            base = slots[:, None] * k  # (B', 1)
-            dst = (base + torch.arange(k, device=slots.device)).view(-1)  # (B'K,)
-            cache.reorder((base + cands.beams.gather(1, chosen)).view(-1), dst, t)
-            st.last[dst] = cands.tokens.gather(1, chosen).view(-1)
+            if k == 1:  # one beam per sentence: nothing to reorder
+                st.last[slots] = cands.tokens.gather(1, chosen).view(-1)
+            else:
+                base = slots[:, None] * k  # (B', 1)
+                dst = (base + self._beams).view(-1)  # (B'K,)
+                cache.reorder((base + cands.beams.gather(1, chosen)).view(-1), dst, t)
+                st.last[dst] = cands.tokens.gather(1, chosen).view(-1)
             st.running[slots] = running
         nbest = self.search.num_hypotheses
         back = Readback.pack(st, slots, done, torch.isfinite(running).sum(1), nbest, t - 1)
@@ -231,10 +236,11 @@ class Engine:
         return StepOutput(finished, widths), hyps
 
     def _candidate_history(self, slots: Tensor, cands: Candidates, t: int) -> Tensor:
-        """Each candidate's source beam's tokens (B', C, t - 1) (columns past its length are unread)."""
-        b, c = cands.scores.shape
-        source = (slots[:, None] * self.search.beam_size + cands.beams).view(-1)  # (B'C,)
-        return self.cache.history(source, t).view(b, c, t - 1)
+        """The first K candidates' (the only ones that may finish) source beams' tokens (B', K, t - 1)
+        (columns past a candidate's length are unread)."""
+        k = self.search.beam_size
+        source = (slots[:, None] * k + cands.beams[:, :k]).view(-1) if k > 1 else slots  # (B'K,)
+        return self.cache.history(source, t).view(slots.shape[0], k, t - 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,12 @@ class AtenOps:
         """The backend that serves this step (x (N, E))."""
         return self
 
+    def may_any(self, mask: Tensor) -> bool:
+        """Whether any entry of ``mask`` may be set: the answer where reading it costs nothing (a CPU
+        tensor is host memory), else True (unknown: the caller does the work, the device is never
+        read mid-step)."""
+        return bool(mask.any()) if mask.device.type == "cpu" else True
+
     def row_top(self, logits: Tensor, num: int, skip: int) -> tuple[Tensor, Tensor]:
         """logits (N, V|C) -> each row's ``num`` best log-probs and their columns (N, M); column ``skip``
         (``<pad>``, or -1) banned. One log-softmax (``<pad>`` in the normaliser, as HF), one top-k."""

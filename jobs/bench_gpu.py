@@ -1,0 +1,208 @@
+"""GPU throughput: ours vs HF ``generate`` on one device, same model and input, and the seeds'
+batching tables on our engine.
+
+    python -m jobs.bench_gpu --data data-gpu --out reports/gpu-h100               # on a lent GPU
+    python -m jobs.bench_gpu --lines 24 --beams 2 --hf-batches 8 --capacities 8 \\
+        --tables peers --out /tmp/gpu-smoke                                        # smoke (CPU in CI)
+
+Runs where only torch, transformers, sentencepiece, safetensors, sacrebleu and pyarrow are
+installed (the lent GPU machines: no Ray, no CTranslate2). The device is ``--device`` (auto: the
+first CUDA device, else the CPU) and is named in the report with torch's own description of it.
+Per set and beam: HF at each ``--hf-batches`` (length-sorted batches) and ours (top-up) at each
+``--capacities`` -> target tokens/s, BLEU, peak device memory; the ratio ours-best / HF-best.
+``--tables batching`` adds the seeds' tables (jobs/bench_batching.py: FIXED / VAR-BATCH /
+VAR-STREAM / VAR-STR-FIFO at k=5 and 50; mini-batch / maxi-batch / top-up) on the same device.
+``--synthetic-base`` adds a randomly initialised transformer-base-shaped model (d 512, 6+6
+layers, vocabulary 32k, seeded) for GEMM-bound throughput (ours only: no reference outputs).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import sacrebleu
+import torch
+
+from jobs.bench_batching import run_all, systems, table, targets
+from pipeline.reports import SETS, markdown_table, read_lines, write_report
+from workers.config import ModelConfig, SearchConfig
+from workers.device import resolve_device
+from workers.scheduler import Policy, SchedulerConfig
+from workers.speedups import EXACT, CpuSpeedups
+from workers.translator import Translator
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Measured:
+    system: str
+    seconds: list[float] = field(default_factory=list)
+    tokens: int = 0
+    texts: list[str] = field(default_factory=list)
+    peak_mb: float = 0.0
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(device: torch.device, fn) -> tuple[float, object, float]:
+    """(seconds, result, peak device memory in MB over the call; 0 on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
+    return time.perf_counter() - start, out, peak
+
+
+def hf_runner(model_dir: str, device: torch.device, dtype: torch.dtype):
+    """HF ``MarianMTModel.generate`` on ``device``: (lines, beam, batch size) -> (texts, target tokens)."""
+    import transformers
+
+    tok = transformers.MarianTokenizer.from_pretrained(model_dir)
+    model = transformers.MarianMTModel.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+
+    def translate(lines: list[str], beam: int, batch_size: int) -> tuple[list[str], int]:
+        order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
+        out, tokens = [""] * len(lines), 0
+        for start in range(0, len(order), batch_size):
+            idx = order[start: start + batch_size]
+            batch = tok([lines[i] for i in idx], return_tensors="pt", padding=True).to(device)
+            with torch.inference_mode():
+                seqs = model.generate(**batch, num_beams=beam, max_new_tokens=256, do_sample=False,
+                                      bad_words_ids=[[model.config.pad_token_id]])
+            tokens += int((seqs[:, 1:] != model.config.pad_token_id).sum())  # generated, EOS included
+            for i, text in zip(idx, tok.batch_decode(seqs, skip_special_tokens=True)):
+                out[i] = text
+        return out, tokens
+    return translate
+
+
+def ours_runner(translator: Translator):
+    """Our engine, top-up batching at a capacity: (lines, beam, capacity) -> (texts, target tokens)."""
+    tok = translator.checkpoint.tokenizer
+
+    def translate(lines: list[str], beam: int, capacity: int) -> tuple[list[str], int]:
+        batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=capacity, capacity=capacity, beam_size=beam)
+        decoded = translator.decode_ids(translator.encode(lines), SearchConfig(beam_size=beam), batching=batching)
+        return [tok.decode(list(h[0].tokens)) for h in decoded.hypotheses], decoded.stats.target_tokens
+    return translate
+
+
+def measure(name: str, device: torch.device, run, lines: list[str], repeats: int) -> Measured:
+    m = Measured(name)
+    run(lines[:16])  # warm-up (allocator, kernels), excluded
+    for _ in range(repeats):
+        seconds, (m.texts, m.tokens), peak = timed(device, lambda: run(lines))
+        m.seconds.append(seconds)
+        m.peak_mb = max(m.peak_mb, peak)
+    return m
+
+
+def rows_of(measured: list[Measured], refs: list[str] | None) -> list[dict]:
+    return [{"system": m.system, "tokens_per_s": round(m.tokens / statistics.median(m.seconds), 1),
+             "target_tokens": m.tokens, "bleu": round(sacrebleu.corpus_bleu(m.texts, [refs]).score, 2) if refs else None,
+             "peak_device_mb": round(m.peak_mb, 1), "median_s": round(statistics.median(m.seconds), 3)} for m in measured]
+
+
+def synthetic_runner(translator: Translator, device: torch.device, dtype: torch.dtype, vocab: int = 32000):
+    """A seeded, randomly initialised transformer-base-shaped model (d 512, 6+6 layers, ``vocab``
+    target ids) fed the demo tokenizer's ids (mod ``vocab``); outputs are capped at 1.5 x source + 10
+    tokens (a random model rarely ends by itself) and only counted, never detokenised."""
+    from workers.engine import Engine, DecodeStats
+    from workers.model import MarianModel
+
+    mc = translator.checkpoint.model.config
+    torch.manual_seed(0)
+    model = MarianModel(ModelConfig(vocab_size=vocab, decoder_vocab_size=vocab, d_model=512,
+                                    pad_token_id=mc.pad_token_id, eos_token_id=mc.eos_token_id,
+                                    decoder_start_token_id=mc.decoder_start_token_id)).eval().to(device=device, dtype=dtype)
+
+    def translate(lines: list[str], beam: int, capacity: int) -> tuple[list[str], int]:
+        sources = sorted(([i % vocab for i in ids] for ids in translator.encode(lines)), key=len)
+        cfg = SearchConfig(beam_size=beam, max_length_a=1.5, max_length_b=10)
+        batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=capacity, capacity=capacity, beam_size=beam)
+        stats = DecodeStats()
+        Engine(model, cfg, batching, stats=stats).decode(sources)
+        return [""] * len(lines), stats.target_tokens
+    return translate
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="models/demo-de-en")
+    p.add_argument("--data", default="../shared/data", help="holds multi30k/ and wmt22/ as ../shared/data does")
+    p.add_argument("--sets", default="multi30k,wmt22")
+    p.add_argument("--lines", type=int, default=0)
+    p.add_argument("--beams", default="5,1")
+    p.add_argument("--hf-batches", default="32,128,512")
+    p.add_argument("--capacities", default="128,512,1024", help="ours: top-up capacities in sentences")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--bf16", action="store_true", help="ours and HF in bfloat16 (log-softmax and scores stay float32)")
+    p.add_argument("--tables", default="peers,batching", help="peers (ours vs HF) and/or batching (the seeds' tables)")
+    p.add_argument("--batching-beams", default="5,50", help="beams of the seeds' batching tables")
+    p.add_argument("--batch-sentences", type=int, default=32, help="n of the seeds' batching tables")
+    p.add_argument("--synthetic-base", action="store_true")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default="reports/gpu")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    device = resolve_device(args.device)
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    speedups = CpuSpeedups(bf16=args.bf16) if device.type == "cuda" else EXACT
+    translator = Translator.load(args.model, device=device, speedups=speedups)
+    ours, hf = ours_runner(translator), hf_runner(args.model, device, dtype)
+    report = {"device": name, "torch": torch.__version__, "dtype": str(dtype), "model": args.model, "tables": {}}
+    md = [f"# GPU benchmark on {name} (torch {torch.__version__}, {dtype}), model `{args.model}`\n"]
+    for set_name in args.sets.split(","):
+        lines = read_lines(os.path.join(args.data, SETS[set_name][0]), args.lines)
+        refs = read_lines(os.path.join(args.data, SETS[set_name][1]), args.lines)
+        for beam in map(int, args.beams.split(",")):
+            if "peers" not in args.tables:
+                break
+            measured = [measure(f"hf batch {b}", device, lambda x, b=b: hf(x, beam, b), lines, args.repeats)
+                        for b in map(int, args.hf_batches.split(","))]
+            measured += [measure(f"ours top-up {c}", device, lambda x, c=c: ours(x, beam, c), lines, args.repeats)
+                         for c in map(int, args.capacities.split(","))]
+            rows = rows_of(measured, refs)
+            best = {who: max((r for r in rows if r["system"].startswith(who)), key=lambda r: r["tokens_per_s"])
+                    for who in ("hf", "ours")}
+            ratio = round(best["ours"]["tokens_per_s"] / best["hf"]["tokens_per_s"], 2)
+            report["tables"][f"{set_name}/beam{beam}"] = {"rows": rows, "ours_best_over_hf_best": ratio}
+            md += [f"## {set_name}, beam {beam}, {len(lines)} lines\n", markdown_table(rows), "",
+                   f"ours best / HF best = {ratio} ({best['ours']['system']} vs {best['hf']['system']})", ""]
+        if "batching" in args.tables:
+            for beam in map(int, args.batching_beams.split(",")):
+                runs = systems(beam, args.batch_sentences, 1 / 6, 256)
+                subset = lines if beam < 20 else lines[:100]
+                run_all(translator, subset, runs, args.repeats)
+                rows = table(runs, refs[:len(subset)], "FIXED")
+                report["tables"][f"{set_name}/batching/beam{beam}"] = {"rows": rows, "targets": targets(rows)}
+                md += [f"## {set_name}, seeds' batching table, k={beam}, {len(subset)} lines\n", markdown_table(rows), ""]
+    if args.synthetic_base:
+        base = synthetic_runner(translator, device, dtype)
+        lines = read_lines(os.path.join(args.data, SETS["wmt22"][0]), args.lines)
+        measured = [measure(f"ours synthetic-base top-up {c}", device, lambda x, c=c: base(x, 5, c), lines, args.repeats)
+                    for c in map(int, args.capacities.split(","))]
+        report["tables"]["synthetic-base/beam5"] = {"rows": rows_of(measured, None)}
+        md += ["## synthetic transformer-base (d 512, 6+6, vocab 32k), WMT22, beam 5\n",
+               markdown_table(rows_of(measured, None)), ""]
+    write_report(args.out, report, md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""Smoke version of the GPU benchmark, on the CPU (the full one runs on a lent GPU:
+`python -m jobs.bench_gpu`; see its docstring)."""
+from __future__ import annotations
+
+import json
+
+from jobs.bench_gpu import main
+from tests.conftest import SHARED_DATA, shared_path
+
+
+def test_bench_gpu_smoke_on_the_cpu(demo_model_dir, tmp_path):
+    shared_path("multi30k", "test_2016_flickr.de")
+    out = tmp_path / "gpu"
+    main(["--model", str(demo_model_dir), "--data", str(SHARED_DATA), "--sets", "multi30k", "--lines", "12",
+          "--beams", "2", "--hf-batches", "4,12", "--capacities", "4", "--batching-beams", "2", "--batch-sentences", "4",
+          "--repeats", "1", "--device", "cpu", "--synthetic-base", "--out", str(out)])
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["device"] == "CPU" and report["dtype"] == "torch.float32"
+    peers = report["tables"]["multi30k/beam2"]
+    rows = {r["system"]: r for r in peers["rows"]}
+    assert set(rows) == {"hf batch 4", "hf batch 12", "ours top-up 4"}
+    assert rows["ours top-up 4"]["bleu"] == rows["hf batch 4"]["bleu"]  # exact search: the same translations
+    assert peers["ours_best_over_hf_best"] > 0
+    batching = {r["system"] for r in report["tables"]["multi30k/batching/beam2"]["rows"]}
+    assert batching == {"GREEDY", "FIXED", "VAR-BATCH", "VAR-STREAM", "VAR-STR-FIFO"}
+    assert report["tables"]["synthetic-base/beam5"]["rows"][0]["target_tokens"] > 0
+    assert "# GPU benchmark on CPU" in out.with_suffix(".md").read_text()
