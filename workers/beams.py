@@ -71,7 +71,7 @@ class SlotState:
         ones that may finish: ``select_step``); a candidate's own token is its record's TOKEN.
         """
         k, t = self.running.shape[1], history.shape[2]
-        b = slots.shape[0]
+        b = cands.scores.shape[0]
         log_prob = cands.scores[:, :k].masked_fill(~sel.finished[:, :k], NEG_INF).double()  # (B', K)
         new = torch.stack([log_prob / norm[:, None], log_prob, generated[:, None].expand(b, k).double(),
                            cands.tokens[:, :k].double()], 2)  # (B', K, 4)
@@ -114,12 +114,16 @@ class Readback:
     rows: Tensor  # (B', 2 + nbest * (4 + t')) int64 on the host
 
     @classmethod
-    def pack(cls, state: SlotState, slots: Tensor, done: Tensor, widths: Tensor, nbest: int, t: int) -> "Readback":
-        """Gather the planned slots' step outcome into one int64 tensor and copy it to the host."""
+    def pack(cls, state: SlotState, slots: Tensor, done: Tensor, widths: Tensor, nbest: int, t: int,
+             results: bool = True) -> "Readback":
+        """Gather the planned slots' step outcome into one int64 tensor and copy it to the host;
+        ``results=False`` (no sentence is done: known for free on the CPU) leaves the pools out."""
         b = slots.shape[0]
-        records = state.pool[slots, :nbest].view(LONG).view(b, -1)  # float64 bits ride as int64
-        tokens = state.pool_tokens[slots, :nbest, :t].reshape(b, -1)
-        host = torch.cat([done[:, None].to(LONG), widths[:, None], records, tokens], 1).cpu()  # the step's one copy
+        parts = [done[:, None].to(LONG), widths[:, None]]
+        if results:
+            parts.append(state.pool[slots, :nbest].view(LONG).view(b, -1))  # float64 bits ride as int64
+            parts.append(state.pool_tokens[slots, :nbest, :t].reshape(b, -1))
+        host = torch.cat(parts, 1).cpu()  # the step's one copy
         head = host[:, :2].tolist()
         return cls([bool(d) for d, _ in head], [w for _, w in head], host)
 

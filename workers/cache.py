@@ -21,6 +21,7 @@ D head dim, E d_model.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -101,12 +102,13 @@ class KVCache:
             new[: old.shape[0]] = old
             setattr(self, name, new)
 
-    def admit(self, slots: Tensor, cross_k: Tensor, cross_v: Tensor, src_mask: Tensor) -> None:
-        """Newly admitted sentences' cross-attention K/V into their slots (A,).
-        cross_k/cross_v (L, A, H, s, D); src_mask (A, s) bool, a prefix of tokens per sentence."""
+    def admit(self, slots: Tensor, cross_kv: Iterable[tuple[Tensor, Tensor]], src_mask: Tensor) -> None:
+        """Newly admitted sentences' cross-attention K/V into their slots (A,), written layer by layer
+        as ``cross_kv`` yields them: (A, H, s, D) each; src_mask (A, s) bool, a prefix of tokens per sentence."""
         s = src_mask.shape[1]
-        self.cross_k[:, slots, :, :s] = cross_k
-        self.cross_v[:, slots, :, :s] = cross_v
+        for layer, (keys, values) in enumerate(cross_kv):
+            self.cross_k[layer, slots, :, :s] = keys
+            self.cross_v[layer, slots, :, :s] = values
         bias = torch.zeros(src_mask.shape, dtype=self.cross_bias.dtype, device=self.cross_bias.device)
         self.cross_bias[slots] = float("-inf")
         self.cross_bias[slots, 0, :s] = bias.masked_fill_(~src_mask, float("-inf"))

@@ -228,7 +228,8 @@ class Engine:
                 st.last[dst] = cands.tokens.gather(1, chosen).view(-1)
             st.running[slots] = running
         nbest = self.search.num_hypotheses
-        back = Readback.pack(st, slots, done, torch.isfinite(running).sum(1), nbest, t - 1)
+        back = Readback.pack(st, slots, done, torch.isfinite(running).sum(1), nbest, t - 1,
+                             results=self.model.ops.may_any(done))
         self.stats.syncs += 1
         finished = tuple(i for i, d in zip(plan.expand, back.done) if d)
         hyps = {i: back.hypotheses(j, nbest, t - 1) for j, i in enumerate(plan.expand) if back.done[j]}

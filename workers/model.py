@@ -14,6 +14,7 @@ V vocab, H heads, D head dim, E d_model.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -211,11 +212,11 @@ class Decoder(nn.Module):
                              device=weight.device, zeroed=not (self.ops.in_place and weight.dtype == torch.float32),
                              **kwargs)
 
-    def cross_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Cross-attention K/V of every layer, once per sentence. memory (A, s, E) -> 2 x (L, A, H, s, D)."""
-        keys = torch.stack([l.encoder_attn.split(l.encoder_attn.k_proj(memory)) for l in self.layers])
-        values = torch.stack([l.encoder_attn.split(l.encoder_attn.v_proj(memory)) for l in self.layers])
-        return keys, values
+    def cross_kv(self, memory: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
+        """Cross-attention K/V of each layer in turn, once per sentence. memory (A, s, E) -> (A, H, s, D) x 2."""
+        for layer in self.layers:
+            ca = layer.encoder_attn
+            yield ca.split(ca.k_proj(memory)), ca.split(ca.v_proj(memory))
 
     def step(self, tokens: Tensor, at: StepAt, cache: KVCache) -> Tensor:
         """One incremental step of the rows ``at`` runs (workers/cache.py). tokens (N,) -> hidden (N, E);
@@ -311,7 +312,7 @@ class MarianModel(nn.Module):
         """Encode newly admitted sentences (A, s) and write their cross-attention K/V into ``slots`` (A,)."""
         memory = self.encode(src_ids, src_mask)
         with record_function("encoder"):  # cross-attention K/V: once per sentence, like the encoder
-            cache.admit(slots, *self.model.decoder.cross_kv(memory), src_mask)
+            cache.admit(slots, self.model.decoder.cross_kv(memory), src_mask)
 
     def decode_step(self, tokens: Tensor, at: StepAt, cache: KVCache, head: OutputHead | None = None) -> Tensor:
         """tokens (N,) of the rows ``at`` runs -> logits (N, V) (or (N, C) with a shortlist head)."""

@@ -60,7 +60,7 @@ class ScriptedModel:
     def admit(self, cache: KVCache, src_ids: Tensor, src_mask: Tensor, slots: Tensor) -> None:
         """The sentence key src_ids[:, 0] rides in every position of the slot's cross-attention K."""
         key = src_ids[:, :1].float().expand(src_ids.shape)[None, :, None, :, None]  # (L, A, H, s, D)
-        cache.admit(slots, key, key.clone(), src_mask)
+        cache.admit(slots, [(key[0], key[0].clone())], src_mask)
 
     def output_head(self, candidates: Tensor | None = None) -> OutputHead:
         pad = self.config.pad_token_id

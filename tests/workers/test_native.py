@@ -148,8 +148,8 @@ def test_cross_attention_equals_the_sentence_grid(ops) -> None:
     src_mask = torch.arange(s)[None, :] < lengths[:, None]
     cache = KVCache.empty(layers=layers, heads=h, head_dim=d, slots=b, beam_size=w, source_capacity=s,
                           dtype=torch.float32, device=torch.device("cpu"), zeroed=True)
-    cache.admit(torch.arange(b), torch.randn(layers, b, h, s, d, generator=gen),
-                torch.randn(layers, b, h, s, d, generator=gen), src_mask)
+    cache.admit(torch.arange(b), zip(torch.randn(layers, b, h, s, d, generator=gen),
+                                     torch.randn(layers, b, h, s, d, generator=gen)), src_mask)
     rows = [0, 1, 2, 3, 6, 7, 9, 12, 13, 14, 16]  # sentence 2 not planned; empty grid entries: finished or pruned beams
     at = _planned_step(cache, rows, [0] * len(rows))
     q = torch.randn(len(rows), h * d, generator=gen)
