@@ -15,9 +15,12 @@ import time
 from dataclasses import dataclass, field, replace
 
 import sacrebleu
+import torch
+from torch import Tensor
 
 from workers.config import PruningConfig, SearchConfig
 from workers.engine import DecodeStats
+from workers.search import NEG_INF, RowTop, force_eos_rows
 from workers.shortlist import Shortlist, coverage
 from workers.translator import Translator
 
@@ -114,7 +117,7 @@ def output_layer_rows(translator: Translator, *, rows: tuple[int, ...] = (5, 40,
     """
     import torch
 
-    from workers.search import row_top_log_probs, row_top_log_probs_fused
+    from workers.search import row_top_log_probs
 
     model = translator.checkpoint.model
     pad = model.config.pad_token_id
@@ -142,3 +145,26 @@ def output_layer_rows(translator: Translator, *, rows: tuple[int, ...] = (5, 40,
         out.append({"rows": n, "vocab": model.config.decoder_vocab_size, "top": num, "naive_us": round(a * 1e6, 1),
                     "fused_us": round(b * 1e6, 1), "speedup": round(a / b, 3)})
     return out
+
+
+def row_top_log_probs_fused(logits: Tensor, num: int, pad_id: int, force_eos: Tensor | None = None,
+                      eos_id: int = 0, token_ids: Tensor | None = None) -> RowTop:
+    """Fused output step (measured, not the default): logits (N, V) -> each row's ``num`` best log-probs, ``<pad>`` banned.
+
+    One pass over the logits for the log-normaliser (``<pad>`` included, as HF normalises before
+    banning) and one top-k; the full (N, V) log-softmax is never materialised (the top-up paper's
+    Algorithm 2 in torch terms). ``num + 1`` are taken so that a banned ``<pad>`` can be dropped.
+    Rows where ``force_eos`` is set get EOS at log-prob 0 and nothing else. With a shortlist, logits
+    are over candidate positions (N, C) and ``token_ids`` (C,) maps positions to vocabulary ids.
+    """
+    logits = logits.float()
+    n, v = logits.shape
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # (N, 1)
+    values, tokens = torch.topk(logits, min(num + 1, v), dim=1)  # (N, M+1)
+    if token_ids is not None:
+        tokens = token_ids[tokens]
+    values = values.masked_fill(tokens == pad_id, NEG_INF)
+    values, order = torch.topk(values, min(num, v), dim=1)  # (N, M): pad (now -inf) sorted out
+    tokens = tokens.gather(1, order)
+    log_probs = values - lse
+    return force_eos_rows(RowTop(log_probs, tokens), force_eos, eos_id)

@@ -15,8 +15,7 @@ Dimension letters: B sentences, K beam, V vocab, C = 2K candidates.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -24,22 +23,6 @@ from torch import Tensor
 from workers.step_ops import ATEN, AtenOps
 
 NEG_INF = float("-inf")
-
-
-def normalized_log_probs(logits: Tensor, pad_id: int, force_eos: Tensor | None = None,
-                         eos_id: int = 0) -> Tensor:
-    """logits (N, V) -> float32 log-probs (N, V) with ``<pad>`` banned.
-
-    Rows where ``force_eos`` (N,) is set may only emit EOS, at log-prob 0 (HF's ForcedEOS processor,
-    applied after the log-softmax as in HF beam search).
-    """
-    lp = torch.log_softmax(logits.float(), dim=-1)
-    lp[:, pad_id] = NEG_INF
-    if force_eos is not None:
-        forced = torch.full_like(lp, NEG_INF)
-        forced[:, eos_id] = 0.0
-        lp = torch.where(force_eos[:, None], forced, lp)
-    return lp
 
 
 @dataclass(frozen=True)
@@ -50,7 +33,7 @@ class RowTop:
     tokens: Tensor
 
 
-def _force_eos(top: RowTop, force_eos: Tensor | None, eos_id: int) -> RowTop:
+def force_eos_rows(top: RowTop, force_eos: Tensor | None, eos_id: int) -> RowTop:
     """Rows where ``force_eos`` (N,) is set keep only EOS, at log-prob 0 (HF's ForcedEOS processor)."""
     if force_eos is None:  # (no check that any row is forced: that would read the device back)
         return top
@@ -69,7 +52,7 @@ def row_top_log_probs(logits: Tensor, num: int, pad_id: int, force_eos: Tensor |
     One log-softmax (``<pad>`` included in the normaliser, as HF normalises before banning), one
     top-k, by ``ops`` (``workers/step_ops.py``: ATen, or the native kernels' one C++ pass pair per
     row with the same values). On CPU torch's vectorised log-softmax costs less than a separate
-    logsumexp pass, so this beats the fused torch form below (``row_top_log_probs_fused``;
+    logsumexp pass, so this beats a fused torch form (``pipeline.bench_search.row_top_log_probs_fused``;
     jobs.bench_search measures both). Rows where ``force_eos`` is set get EOS at log-prob 0 and
     nothing else. With a shortlist, logits are over candidate positions (N, C) and ``token_ids`` (C,)
     maps positions to vocabulary ids; ``skip``: the column of ``<pad>`` when the caller knows it
@@ -80,30 +63,7 @@ def row_top_log_probs(logits: Tensor, num: int, pad_id: int, force_eos: Tensor |
     log_probs, tokens = ops.row_top(logits, num, skip)  # (N, M)
     if token_ids is not None:
         tokens = token_ids[tokens]
-    return _force_eos(RowTop(log_probs, tokens), force_eos, eos_id)
-
-
-def row_top_log_probs_fused(logits: Tensor, num: int, pad_id: int, force_eos: Tensor | None = None,
-                      eos_id: int = 0, token_ids: Tensor | None = None) -> RowTop:
-    """Fused output step (measured, not the default): logits (N, V) -> each row's ``num`` best log-probs, ``<pad>`` banned.
-
-    One pass over the logits for the log-normaliser (``<pad>`` included, as HF normalises before
-    banning) and one top-k; the full (N, V) log-softmax is never materialised (the top-up paper's
-    Algorithm 2 in torch terms). ``num + 1`` are taken so that a banned ``<pad>`` can be dropped.
-    Rows where ``force_eos`` is set get EOS at log-prob 0 and nothing else. With a shortlist, logits
-    are over candidate positions (N, C) and ``token_ids`` (C,) maps positions to vocabulary ids.
-    """
-    logits = logits.float()
-    n, v = logits.shape
-    lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # (N, 1)
-    values, tokens = torch.topk(logits, min(num + 1, v), dim=1)  # (N, M+1)
-    if token_ids is not None:
-        tokens = token_ids[tokens]
-    values = values.masked_fill(tokens == pad_id, NEG_INF)
-    values, order = torch.topk(values, min(num, v), dim=1)  # (N, M): pad (now -inf) sorted out
-    tokens = tokens.gather(1, order)
-    log_probs = values - lse
-    return _force_eos(RowTop(log_probs, tokens), force_eos, eos_id)
+    return force_eos_rows(RowTop(log_probs, tokens), force_eos, eos_id)
 
 
 def _column(token_ids: Tensor, token: int) -> int:
@@ -126,20 +86,12 @@ class Candidates:
     word_log_probs: Tensor | None = None
 
 
-def top_candidates(log_probs: Tensor, running_scores: Tensor, num_candidates: int) -> Candidates:
-    """log_probs (B, K, V), running_scores (B, K) -> the best ``num_candidates`` over K*V."""
-    b, k, v = log_probs.shape
-    total = (log_probs + running_scores[:, :, None]).view(b, k * v)  # (B, K*V)
-    scores, flat = torch.topk(total, num_candidates, dim=1)  # (B, C)
-    return Candidates(scores, torch.div(flat, v, rounding_mode="floor"), flat % v,
-                      log_probs.reshape(b, k * v).gather(1, flat))
-
-
 def top_candidates_from_rows(rows: RowTop, running_scores: Tensor, num_candidates: int) -> Candidates:
     """Per-row bests rows.log_probs / rows.tokens (B, K, M), running_scores (B, K) -> best over K*M.
 
-    Equal to ``top_candidates`` on the full log-probs whenever ``M >= num_candidates``: every
-    sentence-level winner is among its own row's best ``num_candidates``.
+    Equal to the dense top-k over the full log-probs (``tests/workers/search_oracles.top_candidates``)
+    whenever ``M >= num_candidates``: every sentence-level winner is among its own row's best
+    ``num_candidates``.
     """
     b, k, m = rows.log_probs.shape
     total = (rows.log_probs + running_scores[:, :, None]).view(b, k * m)  # (B, K*M)
@@ -184,40 +136,3 @@ class Hypothesis:
     tokens: tuple[int, ...]  # generated ids, EOS included when the hypothesis ended with it
     score: float  # length-normalised
     log_prob: float  # sum of token log-probs
-
-
-@dataclass
-class FinishedPool:
-    """The best ``capacity`` finished hypotheses of one sentence, best first."""
-
-    capacity: int
-    hyps: list[Hypothesis] = field(default_factory=list)
-
-    def add(self, hyp: Hypothesis) -> None:
-        self.hyps.append(hyp)
-        self.hyps.sort(key=lambda h: -h.score)
-        del self.hyps[self.capacity:]
-
-    @property
-    def full(self) -> bool:
-        return len(self.hyps) >= self.capacity
-
-    @property
-    def best_log_prob(self) -> float:
-        return max((h.log_prob for h in self.hyps), default=NEG_INF)
-
-    @property
-    def worst_score(self) -> float:
-        return self.hyps[-1].score if self.full else NEG_INF
-
-
-def is_done(pool: FinishedPool, best_running_score: float, generated: int, length_penalty: float,
-            early_stopping: bool) -> bool:
-    """HF's stop test for one sentence after ``generated`` tokens."""
-    if not pool.full:
-        return False
-    if early_stopping:
-        return True
-    if not math.isfinite(best_running_score):
-        return True
-    return length_normalize(best_running_score, generated, length_penalty) <= pool.worst_score

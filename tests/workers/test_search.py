@@ -15,18 +15,15 @@ import pytest
 import torch
 
 from workers.beams import stop_mask
+from pipeline.bench_search import row_top_log_probs_fused
+from tests.workers.search_oracles import FinishedPool, is_done, normalized_log_probs, top_candidates
 from workers.search import (
     Candidates,
-    FinishedPool,
     Hypothesis,
     RowTop,
-    is_done,
     length_normalize,
-    normalized_log_probs,
     row_top_log_probs,
-    row_top_log_probs_fused,
     select_step,
-    top_candidates,
     top_candidates_from_rows,
 )
 
