@@ -1,0 +1,75 @@
+"""The one decoder on a CUDA device (``-m gpu``; run on a lent GPU machine, where the shared data is
+carried in and named by ``RAYMT_SHARED_DATA``). CI has no GPU: these are skipped there, and the
+same decode code is covered on the CPU and under the meta device (test_device.py)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import sacrebleu
+import torch
+
+from tests.conftest import shared_path
+from workers.config import SearchConfig
+from workers.scheduler import Policy, SchedulerConfig
+from workers.speedups import CpuSpeedups
+from workers.translator import Translator
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def lines(n: int) -> tuple[list[str], list[str]]:
+    src = shared_path("multi30k", "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:n]
+    ref = shared_path("multi30k", "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[:n]
+    return src, ref
+
+
+@pytest.fixture(scope="module")
+def cpu(demo_model_dir) -> Translator:
+    return Translator.load(str(demo_model_dir), speedups=CpuSpeedups())
+
+
+@pytest.fixture(scope="module")
+def cuda(demo_model_dir) -> Translator:
+    return Translator.load(str(demo_model_dir), device="cuda")
+
+
+@pytest.mark.parametrize("policy", [None, Policy.TOPUP, Policy.VAR_STREAM])
+def test_float32_on_cuda_translates_as_on_the_cpu(cpu, cuda, policy):
+    src, _ = lines(128)
+    batching = None if policy is None else SchedulerConfig(policy=policy, max_batch_sentences=32, capacity=32,
+                                                            beam_size=5)
+    on_cpu = [t.text for t in cpu.translate(src, SearchConfig(beam_size=5), batching=batching)]
+    on_gpu = [t.text for t in cuda.translate(src, SearchConfig(beam_size=5), batching=batching)]
+    same = sum(a == b for a, b in zip(on_cpu, on_gpu))
+    assert same >= 0.97 * len(src), f"{same}/{len(src)} identical"  # float summation order differs
+    assert cuda.checkpoint.model.device.type == "cuda"
+
+
+def test_bf16_bleu_within_half_a_point_of_float32(cpu, demo_model_dir):
+    src, ref = lines(500)
+    bf16 = Translator.load(str(demo_model_dir), device="cuda", speedups=CpuSpeedups(bf16=True))
+    assert next(bf16.checkpoint.model.parameters()).dtype == torch.bfloat16
+    cfg = SearchConfig(beam_size=5)
+    base = sacrebleu.corpus_bleu([t.text for t in cpu.translate(src, cfg)], [ref]).score
+    half = sacrebleu.corpus_bleu([t.text for t in bf16.translate(src, cfg)], [ref]).score
+    assert abs(half - base) <= 0.5, (base, half)
+
+
+def test_one_readback_per_step_on_cuda(cuda):
+    src, _ = lines(64)
+    stats = cuda.decode_ids(cuda.encode(src), SearchConfig(beam_size=5)).stats
+    assert stats.syncs == stats.steps  # pruning off: exactly the step's one readback
+
+
+def test_the_decoder_worker_decodes_on_its_gpu(demo_model_dir, tmp_path):
+    from pipeline.actors import DecoderSettings, DecoderWorker
+    from pipeline.units import Columns
+
+    settings = DecoderSettings(model=str(demo_model_dir), output=str(tmp_path / "out"), search=SearchConfig(beam_size=2),
+                               batching=None, signature="gpu-test", device="cuda")
+    worker = DecoderWorker(settings, Columns("text", None, None))
+    assert worker.translator.checkpoint.model.device.type == "cuda"
+    worker = DecoderWorker(replace(settings, device="auto"), Columns("text", None, None))
+    assert worker.translator.checkpoint.model.device.type == "cuda"  # auto picks the GPU where there is one
