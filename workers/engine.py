@@ -138,6 +138,10 @@ class Engine:
                                   device=dev)
         self._head = self.model.output_head(self.candidates)
         self._beams = torch.arange(k, device=dev)  # (K,)
+        # a pinned staging buffer makes the step's one host-to-device copy asynchronous on a GPU; the
+        # step's readback has waited for the previous copy before the buffer is written again
+        self._staging = (torch.empty(4 * slots * k + 3 * slots, dtype=torch.long, device="cpu", pin_memory=True)
+                         if dev.type == "cuda" else None)
         if self.candidates is not None:
             self.stats.shortlist_sizes.append(int(self.candidates.numel()))
         self._free, self._slot = list(range(slots)), {}
@@ -188,7 +192,10 @@ class Engine:
         n, b = len(rows), len(slots)
         force = self.forced_eos and any(at_max)
         packed = torch.tensor(rows + positions + grid + slots + generated + at_max + (row_at_max if force else []),
-                              dtype=torch.long, device="cpu").to(self.model.device, non_blocking=True)
+                              dtype=torch.long, device="cpu")
+        if self._staging is not None:
+            packed = self._staging[: packed.numel()].copy_(packed)
+        packed = packed.to(self.model.device, non_blocking=True)
         rows_t, positions_t, grid_t = packed[:n], packed[n: 2 * n], packed[2 * n: 3 * n]
         slots_t, generated_t, at_max_t = packed[3 * n: 3 * n + b], packed[3 * n + b: 3 * n + 2 * b], packed[3 * n + 2 * b:]
         return _StepIndex(rows_t, positions_t, None if n == b * k else grid_t, grid_t, slots_t, generated_t,
