@@ -38,7 +38,8 @@ class StepAt:
     run row; sentence (N,) its slot; slots (B',) the planned slots (``first``: the first of them when
     they are consecutive, else -1); t visible positions (max position + 1); s the longest planned
     source; shared: every row at position t - 1 (no mask needed); ancestry (t, N) the rows' ancestry,
-    gathered once for every layer; mask (N, 1, 1, t) bool, None when shared.
+    gathered once for every layer; mask (N, 1, 1, t) bool for the ATen path (a zeroed cache), None
+    when shared.
     """
 
     rows: Tensor
@@ -123,7 +124,8 @@ class KVCache:
         self.ancestry[positions, rows] = rows
         ancestry = self.ancestry[:t].index_select(1, rows)  # (t, N)
         mask = None
-        if not shared:
+        if not shared and self.zeroed:  # only the ATen path reads masked positions (an unzeroed cache: the
+            # native kernels, which bound each row by its own position)
             steps = torch.arange(t, device=rows.device)
             mask = (steps[None, :] <= positions[:, None])[:, None, None, :]  # (N, 1, 1, t)
         return StepAt(rows, positions, grid, torch.div(rows, self.beam_size, rounding_mode="floor"), slots, first,

@@ -23,11 +23,13 @@ The model interface the engine uses (``MarianModel``; the tests' scripted stub):
 """
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 from torch.profiler import record_function
 
 from workers.beams import Readback, SlotState, stop_mask
@@ -144,7 +146,7 @@ class Engine:
                          if dev.type == "cuda" else None)
         if self.candidates is not None:
             self.stats.shortlist_sizes.append(int(self.candidates.numel()))
-        self._free, self._slot = list(range(slots)), {}
+        self._free, self._slot, self._encoded = list(range(slots)), {}, {}  # _encoded: id -> memory (s, E)
         scheduler = Scheduler(self.schedule, self.stats.scheduler)
         for i, src in enumerate(sources):
             scheduler.add(Request(i, len(src)))
@@ -154,7 +156,7 @@ class Engine:
             while scheduler.has_work:
                 plan = scheduler.schedule()
                 if plan.admit:
-                    self._admit(plan.admit, sources, caps)
+                    self._admit(plan.admit, sources, caps, scheduler)
                 out, hyps = self._step(plan, requests)
                 for i in scheduler.update(plan, out):
                     self._free.append(self._slot.pop(i).index)
@@ -165,15 +167,33 @@ class Engine:
         self.stats.target_tokens += sum(len(r[0].tokens) for r in results if r)
         return results
 
-    def _admit(self, ids: tuple[int, ...], sources: list[list[int]], caps: list[int]) -> None:
-        """Encode the admitted sentences into free slots, reset their search state."""
+    def _admit(self, ids: tuple[int, ...], sources: list[list[int]], caps: list[int], scheduler: Scheduler) -> None:
+        """The admitted sentences into free slots: their encoder output (encoded ahead, or now), their
+        cross-attention K/V, fresh search state."""
         blocks = [self._free.pop(0) for _ in ids]
         for i, b in zip(ids, blocks):
             self._slot[i] = _Slot(b, len(sources[i]), caps[i])
-        src_ids, src_mask = pad_sources([sources[i] for i in ids], self.model.config.pad_token_id, self.model.device)
+        self._encode_ahead([i for i in ids if i not in self._encoded], sources, scheduler)
+        memory = pad_sequence([self._encoded.pop(i) for i in ids], batch_first=True)  # (A, s, E)
+        lengths = torch.tensor([len(sources[i]) for i in ids], device="cpu")
+        src_mask = (torch.arange(memory.shape[1], device="cpu")[None, :] < lengths[:, None]).to(self.model.device)
         index = torch.tensor(blocks, device=self.model.device)  # (A,)
-        self.model.admit(self.cache, src_ids, src_mask, index)
+        self.model.admit(self.cache, memory, src_mask, index)
         self.state.admit(index, self.model.config.decoder_start_token_id)
+
+    def _encode_ahead(self, missing: list[int], sources: list[list[int]], scheduler: Scheduler) -> None:
+        """Encode the sentences about to be admitted together with the next waiting ones (up to one
+        batch of slots): a policy that admits a sentence or two a step (FIFO, top-up) then runs the
+        encoder on batches, not on one sentence at a time (the top-up paper's encoded-ahead queue)."""
+        if not missing:
+            return
+        room = self.cache.cross_k.shape[1]  # one batch: as many sentences as there are slots
+        ahead = [r.id for r in itertools.islice(scheduler.waiting, room) if r.id not in self._encoded]
+        batch = missing + [i for i in ahead if i not in missing][: max(room - len(missing), 0)]
+        src_ids, src_mask = pad_sources([sources[i] for i in batch], self.model.config.pad_token_id, self.model.device)
+        memory = self.model.encode(src_ids, src_mask)  # (B, S, E)
+        for row, i in enumerate(batch):
+            self._encoded[i] = memory[row, : len(sources[i])]
 
     def _indices(self, plan: StepPlan, requests: dict[int, Request]) -> _StepIndex:
         """The step's indices, built on the host from what it already knows (each planned

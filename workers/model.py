@@ -308,9 +308,9 @@ class MarianModel(nn.Module):
     def new_cache(self, slots: int, beam_size: int, source_capacity: int, **kwargs) -> KVCache:
         return self.model.decoder.new_cache(slots, beam_size, source_capacity, **kwargs)
 
-    def admit(self, cache: KVCache, src_ids: Tensor, src_mask: Tensor, slots: Tensor) -> None:
-        """Encode newly admitted sentences (A, s) and write their cross-attention K/V into ``slots`` (A,)."""
-        memory = self.encode(src_ids, src_mask)
+    def admit(self, cache: KVCache, memory: Tensor, src_mask: Tensor, slots: Tensor) -> None:
+        """Write newly admitted sentences' cross-attention K/V into ``slots`` (A,). memory (A, s, E)
+        their encoder output, src_mask (A, s)."""
         with record_function("encoder"):  # cross-attention K/V: once per sentence, like the encoder
             cache.admit(slots, self.model.decoder.cross_kv(memory), src_mask)
 

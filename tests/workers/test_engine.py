@@ -57,10 +57,14 @@ class ScriptedModel:
         return KVCache.empty(layers=1, heads=1, head_dim=1, slots=slots, beam_size=beam_size,
                              source_capacity=source_capacity, dtype=torch.float32, device=self.device, zeroed=True)
 
-    def admit(self, cache: KVCache, src_ids: Tensor, src_mask: Tensor, slots: Tensor) -> None:
-        """The sentence key src_ids[:, 0] rides in every position of the slot's cross-attention K."""
-        key = src_ids[:, :1].float().expand(src_ids.shape)[None, :, None, :, None]  # (L, A, H, s, D)
-        cache.admit(slots, [(key[0], key[0].clone())], src_mask)
+    def encode(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
+        """(B, S) -> memory (B, S, 1) whose every position holds the sentence key src_ids[:, 0]."""
+        return src_ids[:, :1].float()[:, :, None].expand(*src_ids.shape, 1)
+
+    def admit(self, cache: KVCache, memory: Tensor, src_mask: Tensor, slots: Tensor) -> None:
+        """The sentence key rides in every position of the slot's cross-attention K."""
+        key = memory[:, None, :, :]  # (A, H, s, D)
+        cache.admit(slots, [(key, key.clone())], src_mask)
 
     def output_head(self, candidates: Tensor | None = None) -> OutputHead:
         pad = self.config.pad_token_id
