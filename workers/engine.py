@@ -120,9 +120,13 @@ class Engine:
     """Decodes lists of source ids under one search config and scheduler policy."""
 
     def __init__(self, model, search: SearchConfig, schedule: SchedulerConfig, *, forced_eos: bool = True,
-                 candidates: Tensor | None = None, stats: DecodeStats | None = None) -> None:
+                 candidates: Tensor | None = None, stats: DecodeStats | None = None, static: bool = False) -> None:
+        """``static``: every step has one shape. Every slot's K rows run each step (rows not planned
+        write at a scratch position and keep their state), over the full target and source capacity:
+        the step a CUDA graph can capture and replay (issue 16). On the CPU it only costs; the tests
+        run it there against the dynamic step."""
         self.model, self.search, self.schedule, self.forced_eos = model, search, schedule, forced_eos
-        self.candidates = candidates
+        self.candidates, self.static = candidates, static
         self.stats = stats if stats is not None else DecodeStats()
 
     @torch.inference_mode()
@@ -133,7 +137,9 @@ class Engine:
         mc, k, dev = self.model.config, self.search.beam_size, self.model.device
         slots = min(self.schedule.max_batch_sentences, len(sources))
         caps = max_lengths([len(s) for s in sources], self.search, mc.max_position_embeddings)
-        self.cache: KVCache = self.model.new_cache(slots, k, max(len(s) for s in sources))
+        static = dict(target_capacity=max(caps) + 1, zeroed=True) if self.static else {}  # + a scratch position
+        self.cache: KVCache = self.model.new_cache(slots, k, max(len(s) for s in sources), **static)
+        self._all_rows, self._all_slots = torch.arange(slots * k, device=dev), torch.arange(slots, device=dev)
         self.state = SlotState.empty(slots, k, max(caps), mc.pad_token_id, dev)
         lp = self.search.length_penalty
         self._norm = torch.tensor([float(n) ** lp if n else 1.0 for n in range(max(caps) + 2)], dtype=torch.float64,
@@ -195,9 +201,39 @@ class Engine:
         for row, i in enumerate(batch):
             self._encoded[i] = memory[row, : len(sources[i])]
 
+    def _to_device(self, values: list[int]) -> Tensor:
+        """The step's host-built indices in one copy (through a pinned buffer on a GPU)."""
+        packed = torch.tensor(values, dtype=torch.long, device="cpu")
+        if self._staging is not None:
+            packed = self._staging[: packed.numel()].copy_(packed)
+        return packed.to(self.model.device, non_blocking=True)
+
+    def _static_indices(self, plan: StepPlan, requests: dict[int, Request]) -> _StepIndex:
+        """Every slot's K rows, every step: planned sentences at their length, the others at the
+        scratch position (the cache's last), their state kept (``planned``)."""
+        k, count, scratch = self.search.beam_size, self._all_slots.shape[0], self.cache.max_length - 1
+        length, generated, capped, planned = [scratch] * count, [1] * count, [0] * count, [0] * count
+        for i in plan.expand:
+            r, slot = requests[i], self._slot[i]
+            j = slot.index
+            length[j], generated[j], planned[j] = r.length, r.length + 1, 1
+            capped[j] = int(r.length + 1 >= slot.max_length)
+        positions = [p for p in length for _ in range(k)]
+        row_capped = [c for c in capped for _ in range(k)]
+        packed = self._to_device(positions + row_capped + generated + capped + planned)
+        n = count * k
+        return _StepIndex(self._all_rows, packed[:n], None, self._all_rows, self._all_slots,
+                          packed[2 * n: 2 * n + count], packed[2 * n + count: 2 * n + 2 * count].bool(),
+                          packed[n: 2 * n].bool() if self.forced_eos else None, t=self.cache.max_length,
+                          s=self.cache.cross_k.shape[3], shared=False, first=0,
+                          planned=packed[2 * n + 2 * count:].bool(), order=[self._slot[i].index for i in plan.expand],
+                          live_rows=sum(requests[i].width for i in plan.expand))
+
     def _indices(self, plan: StepPlan, requests: dict[int, Request]) -> _StepIndex:
         """The step's indices, built on the host from what it already knows (each planned
         sentence's slot, live width and length) and copied over at once."""
+        if self.static:
+            return self._static_indices(plan, requests)
         k, rows, positions, grid, row_at_max, slots, generated, at_max = self.search.beam_size, [], [], [], [], [], [], []
         for j, i in enumerate(plan.expand):
             r, slot = requests[i], self._slot[i]
@@ -211,18 +247,15 @@ class Engine:
             at_max.append(capped)
         n, b = len(rows), len(slots)
         force = self.forced_eos and any(at_max)
-        packed = torch.tensor(rows + positions + grid + slots + generated + at_max + (row_at_max if force else []),
-                              dtype=torch.long, device="cpu")
-        if self._staging is not None:
-            packed = self._staging[: packed.numel()].copy_(packed)
-        packed = packed.to(self.model.device, non_blocking=True)
+        packed = self._to_device(rows + positions + grid + slots + generated + at_max + (row_at_max if force else []))
         rows_t, positions_t, grid_t = packed[:n], packed[n: 2 * n], packed[2 * n: 3 * n]
         slots_t, generated_t, at_max_t = packed[3 * n: 3 * n + b], packed[3 * n + b: 3 * n + 2 * b], packed[3 * n + 2 * b:]
         return _StepIndex(rows_t, positions_t, None if n == b * k else grid_t, grid_t, slots_t, generated_t,
                           at_max_t[:b].bool(), at_max_t[b:].bool() if force else None,
                           t=max(generated), s=max(self._slot[i].source_length for i in plan.expand),
                           shared=min(generated) == max(generated),
-                          first=slots[0] if slots == list(range(slots[0], slots[0] + b)) else -1)
+                          first=slots[0] if slots == list(range(slots[0], slots[0] + b)) else -1,
+                          planned=None, order=list(range(b)), live_rows=n)
 
     def _step(self, plan: StepPlan, requests: dict[int, Request]) -> tuple[StepOutput, dict[int, list[Hypothesis]]]:
         """One decoder step for the planned sentences -> (finished ids and the others' widths, the
@@ -236,7 +269,9 @@ class Engine:
         running = st.running[slots]  # (B', K)
         cands, sel = score_step(logits, ix.grid, running, ix.at_max, ix.force, self.model.config, head=self._head,
                                 ops=self.model.ops)
-        self.stats.record_step(ix.rows.shape[0], slots.shape[0])
+        if ix.planned is not None:  # static step: slots not planned finish nothing
+            sel = replace(sel, finished=sel.finished & ix.planned[:, None])
+        self.stats.record_step(ix.live_rows, len(plan.expand))
         norm = self._norm[ix.generated]  # (B',)
         if self.model.ops.may_any(sel.finished):  # (on the CPU: skipped when no candidate finished)
             st.add_finished(slots, cands, sel, ix.generated, norm, self._candidate_history(slots, cands, t))
@@ -246,21 +281,25 @@ class Engine:
         chosen = sel.running.gather(1, order)  # (B', K) candidate index of each new beam
         done = stop_mask(running[:, 0], ix.at_max, full, worst, norm, self.search.early_stopping)
         with record_function("cache reorder"):  # ancestry columns only: K/V never move
-            if k == 1:  # one beam per sentence: nothing to reorder
-                st.last[slots] = cands.tokens.gather(1, chosen).view(-1)
-            else:
-                base = slots[:, None] * k  # (B', 1)
-                dst = (base + self._beams).view(-1)  # (B'K,)
-                cache.reorder((base + cands.beams.gather(1, chosen)).view(-1), dst, t)
-                st.last[dst] = cands.tokens.gather(1, chosen).view(-1)
+            base = slots[:, None] * k  # (B', 1)
+            dst = base + self._beams  # (B', K)
+            source, new_last = base + cands.beams.gather(1, chosen), cands.tokens.gather(1, chosen)  # (B', K)
+            if ix.planned is not None:  # static step: slots not planned keep their beams
+                keep = ~ix.planned[:, None]
+                done = done & ix.planned
+                running = torch.where(keep, st.running[slots], running)
+                source, new_last = torch.where(keep, dst, source), torch.where(keep, st.last[dst], new_last)
+            if k > 1:  # (one beam per sentence: nothing to reorder)
+                cache.reorder(source.view(-1), dst.view(-1), t)
+            st.last[dst.view(-1)] = new_last.view(-1)
             st.running[slots] = running
         nbest = self.search.num_hypotheses
         back = Readback.pack(st, slots, done, torch.isfinite(running).sum(1), nbest, t - 1,
                              results=self.model.ops.may_any(done))
         self.stats.syncs += 1
-        finished = tuple(i for i, d in zip(plan.expand, back.done) if d)
-        hyps = {i: back.hypotheses(j, nbest, t - 1) for j, i in enumerate(plan.expand) if back.done[j]}
-        widths = {i: w for i, w, d in zip(plan.expand, back.widths, back.done) if not d}
+        finished = tuple(i for i, j in zip(plan.expand, ix.order) if back.done[j])
+        hyps = {i: back.hypotheses(j, nbest, t - 1) for i, j in zip(plan.expand, ix.order) if back.done[j]}
+        widths = {i: back.widths[j] for i, j in zip(plan.expand, ix.order) if not back.done[j]}
         return StepOutput(finished, widths), hyps
 
     def _candidate_history(self, slots: Tensor, cands: Candidates, t: int) -> Tensor:
@@ -275,9 +314,10 @@ class Engine:
 class _StepIndex:
     """One step's indices on the device: rows, positions (N,) of the run rows; grid (N,) their
     (B' x K) entries, None when every entry runs (``grid_all``: the same, always given); slots,
-    generated, at_max (B',) of the planned sentences; force (N,) rows at their cap (None: no row
-    is, or no forced EOS). Host ints: t visible positions, s longest source, shared position, first
-    slot when consecutive (else -1)."""
+    generated, at_max (B',) of the step's slots; force (N,) rows at their cap (None: no row is, or
+    no forced EOS); planned (B',) bool, None when every slot of the step is planned (a static step
+    runs them all). Host: t visible positions, s longest source, shared position, first slot when
+    consecutive (else -1), order (each planned sentence's row of the step), live_rows."""
 
     rows: Tensor
     positions: Tensor
@@ -291,6 +331,9 @@ class _StepIndex:
     s: int
     shared: bool
     first: int
+    planned: Tensor | None
+    order: list[int]
+    live_rows: int
 
 
 def batch_schedule(sentences: int, beam_size: int) -> SchedulerConfig:

@@ -207,10 +207,10 @@ class Decoder(nn.Module):
         weights' dtype and device; zeroed unless the step backend reads only written positions."""
         attn = self.layers[0].self_attn
         weight = self.embed_tokens.weight
+        zeroed = kwargs.pop("zeroed", False) or not (self.ops.in_place and weight.dtype == torch.float32)
         return KVCache.empty(layers=len(self.layers), heads=attn.num_heads, head_dim=attn.head_dim, slots=slots,
                              beam_size=beam_size, source_capacity=source_capacity, dtype=weight.dtype,
-                             device=weight.device, zeroed=not (self.ops.in_place and weight.dtype == torch.float32),
-                             **kwargs)
+                             device=weight.device, zeroed=zeroed, **kwargs)
 
     def cross_kv(self, memory: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
         """Cross-attention K/V of each layer in turn, once per sentence. memory (A, s, E) -> (A, H, s, D) x 2."""

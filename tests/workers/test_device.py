@@ -58,3 +58,14 @@ def test_load_places_the_model_and_keeps_the_cpu_rewrites_to_the_cpu(demo_model_
     model = meta.checkpoint.model
     assert model.device == torch.device("meta") and model.ops is ATEN and model.vocab_head is None
     assert all(p.device.type == "meta" for p in model.parameters())
+
+
+def test_the_static_step_creates_every_tensor_on_the_models_device(translator):
+    from workers.engine import Engine
+
+    sources = translator.encode(TEXTS[:2] + TEXTS[3:])
+    sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2, beam_size=3)
+    engine = Engine(translator.checkpoint.model, SearchConfig(beam_size=3), sched, static=True)
+    expected = [h[0].tokens for h in engine.decode(sources)]
+    with torch.device("meta"):
+        assert [h[0].tokens for h in engine.decode(sources)] == expected

@@ -53,9 +53,11 @@ class ScriptedModel:
         self.probs = probs
         self.rows_per_step: list[int] = []
 
-    def new_cache(self, slots: int, beam_size: int, source_capacity: int) -> KVCache:
+    def new_cache(self, slots: int, beam_size: int, source_capacity: int, **kwargs) -> KVCache:
+        kwargs.pop("zeroed", None)
         return KVCache.empty(layers=1, heads=1, head_dim=1, slots=slots, beam_size=beam_size,
-                             source_capacity=source_capacity, dtype=torch.float32, device=self.device, zeroed=True)
+                             source_capacity=source_capacity, dtype=torch.float32, device=self.device, zeroed=True,
+                             **kwargs)
 
     def encode(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
         """(B, S) -> memory (B, S, 1) whose every position holds the sentence key src_ids[:, 0]."""

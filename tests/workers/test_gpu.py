@@ -73,3 +73,15 @@ def test_the_decoder_worker_decodes_on_its_gpu(demo_model_dir, tmp_path):
     assert worker.translator.checkpoint.model.device.type == "cuda"
     worker = DecoderWorker(replace(settings, device="auto"), Columns("text", None, None))
     assert worker.translator.checkpoint.model.device.type == "cuda"  # auto picks the GPU where there is one
+
+
+def test_the_static_step_on_cuda_decodes_as_the_dynamic_one(cuda):
+    from workers.engine import Engine
+
+    src, _ = lines(96)
+    sources = cuda.encode(src)
+    sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=32, capacity=32, beam_size=5)
+    model = cuda.checkpoint.model
+    dynamic = Engine(model, SearchConfig(beam_size=5), sched).decode(sources)
+    static = Engine(model, SearchConfig(beam_size=5), sched, static=True).decode(sources)
+    assert [h[0].tokens for h in static] == [h[0].tokens for h in dynamic]

@@ -133,3 +133,25 @@ def test_unfilled_self_attention_storage_is_never_read(model, sources, monkeypat
     sched = SchedulerConfig(policy=Policy.VAR_STREAM, max_batch_sentences=6, capacity=6, beam_size=4,
                             epsilon=1 / 3, flush_every=3)  # flushes: rows at different positions share steps
     assert same(Engine(model, SEARCH, sched).decode(sources), expected)
+
+
+@pytest.mark.parametrize("policy, unit, capacity, backend", [
+    (Policy.FIXED, CapacityUnit.SENTENCES, 6, "aten"), (Policy.VAR_STREAM, CapacityUnit.SENTENCES, 6, "aten"),
+    (Policy.FIFO, CapacityUnit.BEAMS, 14, "aten"), (Policy.TOPUP, CapacityUnit.SENTENCES, 6, "aten"),
+    (Policy.VAR_STREAM, CapacityUnit.SENTENCES, 6, "native"), (Policy.TOPUP, CapacityUnit.TOKENS, 40, "native")])
+def test_the_static_step_decodes_as_the_dynamic_one(model, sources, policy, unit, capacity, backend, monkeypatch):
+    """One step shape (every slot's rows, full capacity: what a CUDA graph replays), run eagerly:
+    the same hypotheses as the dynamic step, under every policy, with pruning, and at beam 1."""
+    if backend == "native":
+        kernels = load_native()
+        if kernels is None:
+            pytest.skip("native decode operators could not be built here")
+        monkeypatch.setattr(model.model.decoder, "ops", NativeOps(kernels))
+    sched = SchedulerConfig(policy=policy, max_batch_sentences=6, capacity=capacity, capacity_unit=unit,
+                            beam_size=SEARCH.beam_size, epsilon=1 / 3, flush_every=5)
+    pruned = replace(SEARCH, pruning=PruningConfig(rp=0.6))
+    for cfg in (SEARCH, pruned, replace(SEARCH, beam_size=1, num_hypotheses=1)):
+        dynamic = Engine(model, cfg, replace(sched, beam_size=cfg.beam_size)).decode(sources)
+        static = Engine(model, cfg, replace(sched, beam_size=cfg.beam_size), static=True)
+        assert same(static.decode(sources), dynamic)
+        assert static.stats.syncs == static.stats.steps + cfg.pruning.active
