@@ -31,6 +31,7 @@ from jobs.bench_batching import run_all, systems, table, targets
 from pipeline.reports import SETS, markdown_table, read_lines, write_report
 from workers.config import ModelConfig, SearchConfig
 from workers.device import resolve_device
+from workers.engine import DecodeStats, Engine
 from workers.scheduler import Policy, SchedulerConfig
 from workers.speedups import EXACT, CpuSpeedups
 from workers.translator import Translator
@@ -87,14 +88,22 @@ def hf_runner(model_dir: str, device: torch.device, dtype: torch.dtype):
     return translate
 
 
-def ours_runner(translator: Translator):
-    """Our engine, top-up batching at a capacity: (lines, beam, capacity) -> (texts, target tokens)."""
+def ours_runner(translator: Translator, static: bool = False):
+    """Our engine, top-up batching at a capacity: (lines, beam, capacity) -> (texts, target tokens).
+    ``static``: the one-shape step, captured as a CUDA graph on a GPU (``Engine(static=True)``)."""
     tok = translator.checkpoint.tokenizer
 
     def translate(lines: list[str], beam: int, capacity: int) -> tuple[list[str], int]:
         batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=capacity, capacity=capacity, beam_size=beam)
-        decoded = translator.decode_ids(translator.encode(lines), SearchConfig(beam_size=beam), batching=batching)
-        return [tok.decode(list(h[0].tokens)) for h in decoded.hypotheses], decoded.stats.target_tokens
+        ids = translator.encode(lines)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        stats = DecodeStats()
+        engine = Engine(translator.checkpoint.model, SearchConfig(beam_size=beam), batching,
+                        forced_eos=translator.forced_eos, stats=stats, static=static)
+        texts = [""] * len(ids)
+        for i, h in zip(order, engine.decode([ids[i] for i in order])):
+            texts[i] = tok.decode(list(h[0].tokens))
+        return texts, stats.target_tokens
     return translate
 
 
@@ -118,7 +127,6 @@ def synthetic_runner(translator: Translator, device: torch.device, dtype: torch.
     """A seeded, randomly initialised transformer-base-shaped model (d 512, 6+6 layers, ``vocab``
     target ids) fed the demo tokenizer's ids (mod ``vocab``); outputs are capped at 1.5 x source + 10
     tokens (a random model rarely ends by itself) and only counted, never detokenised."""
-    from workers.engine import Engine, DecodeStats
     from workers.model import MarianModel
 
     mc = translator.checkpoint.model.config
@@ -152,6 +160,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batching-beams", default="5,50", help="beams of the seeds' batching tables")
     p.add_argument("--batch-sentences", type=int, default=32, help="n of the seeds' batching tables")
     p.add_argument("--synthetic-base", action="store_true")
+    p.add_argument("--static", action="store_true", help="also the static step where there is no GPU (eager)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="reports/gpu")
     return p.parse_args(argv)
@@ -166,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     speedups = CpuSpeedups(bf16=args.bf16) if device.type == "cuda" else EXACT
     translator = Translator.load(args.model, device=device, speedups=speedups)
     ours, hf = ours_runner(translator), hf_runner(args.model, device, dtype)
+    graphed = ours_runner(translator, static=True)
     report = {"device": name, "torch": torch.__version__, "dtype": str(dtype), "model": args.model, "tables": {}}
     md = [f"# GPU benchmark on {name} (torch {torch.__version__}, {dtype}), model `{args.model}`\n"]
     for set_name in args.sets.split(","):
@@ -178,6 +188,9 @@ def main(argv: list[str] | None = None) -> None:
                         for b in map(int, args.hf_batches.split(","))]
             measured += [measure(f"ours top-up {c}", device, lambda x, c=c: ours(x, beam, c), lines, args.repeats)
                          for c in map(int, args.capacities.split(","))]
+            if device.type == "cuda" or args.static:  # the static step: a CUDA graph replayed on a GPU
+                measured += [measure(f"ours static top-up {c}", device, lambda x, c=c: graphed(x, beam, c), lines,
+                                     args.repeats) for c in map(int, args.capacities.split(","))]
             rows = rows_of(measured, refs)
             best = {who: max((r for r in rows if r["system"].startswith(who)), key=lambda r: r["tokens_per_s"])
                     for who in ("hf", "ours")}

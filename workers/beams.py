@@ -113,17 +113,22 @@ class Readback:
     widths: list[int]
     rows: Tensor  # (B', 2 + nbest * (4 + t')) int64 on the host
 
-    @classmethod
-    def pack(cls, state: SlotState, slots: Tensor, done: Tensor, widths: Tensor, nbest: int, t: int,
-             results: bool = True) -> "Readback":
-        """Gather the planned slots' step outcome into one int64 tensor and copy it to the host;
+    @staticmethod
+    def gather(state: SlotState, slots: Tensor, done: Tensor, widths: Tensor, nbest: int, t: int,
+               results: bool = True) -> Tensor:
+        """The step's outcome as one int64 tensor on the device (B', 2 [+ nbest * (4 + t)]);
         ``results=False`` (no sentence is done: known for free on the CPU) leaves the pools out."""
         b = slots.shape[0]
         parts = [done[:, None].to(LONG), widths[:, None]]
         if results:
             parts.append(state.pool[slots, :nbest].view(LONG).view(b, -1))  # float64 bits ride as int64
             parts.append(state.pool_tokens[slots, :nbest, :t].reshape(b, -1))
-        host = torch.cat(parts, 1).cpu()  # the step's one copy
+        return torch.cat(parts, 1)
+
+    @classmethod
+    def read(cls, packed: Tensor) -> "Readback":
+        """``gather``'s tensor copied to the host: the step's one copy."""
+        host = packed.cpu()
         head = host[:, :2].tolist()
         return cls([bool(d) for d, _ in head], [w for _, w in head], host)
 

@@ -153,6 +153,8 @@ class Engine:
         if self.candidates is not None:
             self.stats.shortlist_sizes.append(int(self.candidates.numel()))
         self._free, self._slot, self._encoded = list(range(slots)), {}, {}  # _encoded: id -> memory (s, E)
+        self._static_in = None  # the static step's index buffer (one per decode)
+        self._graph = _GraphedStep() if self.static and dev.type == "cuda" else None
         scheduler = Scheduler(self.schedule, self.stats.scheduler)
         for i, src in enumerate(sources):
             scheduler.add(Request(i, len(src)))
@@ -221,12 +223,15 @@ class Engine:
         positions = [p for p in length for _ in range(k)]
         row_capped = [c for c in capped for _ in range(k)]
         packed = self._to_device(positions + row_capped + generated + capped + planned)
+        if self._static_in is None:
+            self._static_in = torch.empty_like(packed)
+        packed = self._static_in.copy_(packed)  # one buffer, so a captured step reads each step's values
         n = count * k
         return _StepIndex(self._all_rows, packed[:n], None, self._all_rows, self._all_slots,
-                          packed[2 * n: 2 * n + count], packed[2 * n + count: 2 * n + 2 * count].bool(),
-                          packed[n: 2 * n].bool() if self.forced_eos else None, t=self.cache.max_length,
+                          packed[2 * n: 2 * n + count], packed[2 * n + count: 2 * n + 2 * count],
+                          packed[n: 2 * n] if self.forced_eos else None, t=self.cache.max_length,
                           s=self.cache.cross_k.shape[3], shared=False, first=0,
-                          planned=packed[2 * n + 2 * count:].bool(), order=[self._slot[i].index for i in plan.expand],
+                          planned=packed[2 * n + 2 * count:], order=[self._slot[i].index for i in plan.expand],
                           live_rows=sum(requests[i].width for i in plan.expand))
 
     def _indices(self, plan: StepPlan, requests: dict[int, Request]) -> _StepIndex:
@@ -251,7 +256,7 @@ class Engine:
         rows_t, positions_t, grid_t = packed[:n], packed[n: 2 * n], packed[2 * n: 3 * n]
         slots_t, generated_t, at_max_t = packed[3 * n: 3 * n + b], packed[3 * n + b: 3 * n + 2 * b], packed[3 * n + 2 * b:]
         return _StepIndex(rows_t, positions_t, None if n == b * k else grid_t, grid_t, slots_t, generated_t,
-                          at_max_t[:b].bool(), at_max_t[b:].bool() if force else None,
+                          at_max_t[:b], at_max_t[b:] if force else None,
                           t=max(generated), s=max(self._slot[i].source_length for i in plan.expand),
                           shared=min(generated) == max(generated),
                           first=slots[0] if slots == list(range(slots[0], slots[0] + b)) else -1,
@@ -260,7 +265,24 @@ class Engine:
     def _step(self, plan: StepPlan, requests: dict[int, Request]) -> tuple[StepOutput, dict[int, list[Hypothesis]]]:
         """One decoder step for the planned sentences -> (finished ids and the others' widths, the
         finished sentences' hypotheses)."""
-        k, st, cache, ix = self.search.beam_size, self.state, self.cache, self._indices(plan, requests)
+        ix = self._indices(plan, requests)
+        self.stats.record_step(ix.live_rows, len(plan.expand))
+        if self._graph is not None:  # a static step on a GPU: captured once, then replayed
+            packed = self._graph.run(lambda: self._device_step(ix))
+        else:
+            packed = self._device_step(ix)
+        nbest, t = self.search.num_hypotheses, ix.t
+        back = Readback.read(packed)  # the step's one device-to-host copy
+        self.stats.syncs += 1
+        finished = tuple(i for i, j in zip(plan.expand, ix.order) if back.done[j])
+        hyps = {i: back.hypotheses(j, nbest, t - 1) for i, j in zip(plan.expand, ix.order) if back.done[j]}
+        widths = {i: back.widths[j] for i, j in zip(plan.expand, ix.order) if not back.done[j]}
+        return StepOutput(finished, widths), hyps
+
+    def _device_step(self, ix: _StepIndex) -> Tensor:
+        """The step's device work, no read back: the model step, the search step, the pools, the
+        reorder -> the packed readback (``Readback.gather``)."""
+        k, st, cache, ix = self.search.beam_size, self.state, self.cache, ix.as_masks()
         slots, t = ix.slots, ix.t
         tokens = st.last[ix.rows]  # (N,)
         at = cache.step_at(tokens, ix.rows, ix.positions, ix.grid_all, slots, t=t, s=ix.s, shared=ix.shared,
@@ -271,7 +293,6 @@ class Engine:
                                 ops=self.model.ops)
         if ix.planned is not None:  # static step: slots not planned finish nothing
             sel = replace(sel, finished=sel.finished & ix.planned[:, None])
-        self.stats.record_step(ix.live_rows, len(plan.expand))
         norm = self._norm[ix.generated]  # (B',)
         if self.model.ops.may_any(sel.finished):  # (on the CPU: skipped when no candidate finished)
             st.add_finished(slots, cands, sel, ix.generated, norm, self._candidate_history(slots, cands, t))
@@ -293,14 +314,8 @@ class Engine:
                 cache.reorder(source.view(-1), dst.view(-1), t)
             st.last[dst.view(-1)] = new_last.view(-1)
             st.running[slots] = running
-        nbest = self.search.num_hypotheses
-        back = Readback.pack(st, slots, done, torch.isfinite(running).sum(1), nbest, t - 1,
-                             results=self.model.ops.may_any(done))
-        self.stats.syncs += 1
-        finished = tuple(i for i, j in zip(plan.expand, ix.order) if back.done[j])
-        hyps = {i: back.hypotheses(j, nbest, t - 1) for i, j in zip(plan.expand, ix.order) if back.done[j]}
-        widths = {i: back.widths[j] for i, j in zip(plan.expand, ix.order) if not back.done[j]}
-        return StepOutput(finished, widths), hyps
+        return Readback.gather(st, slots, done, torch.isfinite(running).sum(1), self.search.num_hypotheses, t - 1,
+                               results=self.model.ops.may_any(done))
 
     def _candidate_history(self, slots: Tensor, cands: Candidates, t: int) -> Tensor:
         """The first K candidates' (the only ones that may finish) source beams' tokens (B', K, t - 1)
@@ -308,6 +323,28 @@ class Engine:
         k = self.search.beam_size
         source = (slots[:, None] * k + cands.beams[:, :k]).view(-1) if k > 1 else slots  # (B'K,)
         return self.cache.history(source, t).view(slots.shape[0], k, t - 1)
+
+
+class _GraphedStep:
+    """The static step as a CUDA graph (issue 16): the first step runs eagerly (it warms the kernels
+    and allocator), the second is captured and every step after replays it. The captured step reads
+    the engine's persistent tensors only (cache, search state, the static index buffer), so a replay
+    is the step for that step's indices; refills happen between replays. Untested on CUDA as of this
+    commit (no GPU was lent): ``tests/workers/test_gpu.py`` checks replay against eager."""
+
+    def __init__(self) -> None:
+        self.steps, self.graph, self.output = 0, None, None
+
+    def run(self, step) -> Tensor:
+        self.steps += 1
+        if self.steps == 1:
+            return step()
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.output = step()  # recorded, not run
+        self.graph.replay()
+        return self.output
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +371,12 @@ class _StepIndex:
     planned: Tensor | None
     order: list[int]
     live_rows: int
+
+    def as_masks(self) -> _StepIndex:
+        """at_max, force and planned as bool masks (they travel as int64 in the step's one copy; a
+        captured step converts them itself, from the buffer it reads)."""
+        as_bool = lambda x: None if x is None else x.bool()  # noqa: E731
+        return replace(self, at_max=self.at_max.bool(), force=as_bool(self.force), planned=as_bool(self.planned))
 
 
 def batch_schedule(sentences: int, beam_size: int) -> SchedulerConfig:

@@ -13,13 +13,14 @@ def test_bench_gpu_smoke_on_the_cpu(demo_model_dir, tmp_path):
     out = tmp_path / "gpu"
     main(["--model", str(demo_model_dir), "--data", str(SHARED_DATA), "--sets", "multi30k", "--lines", "12",
           "--beams", "2", "--hf-batches", "4,12", "--capacities", "4", "--batching-beams", "2", "--batch-sentences", "4",
-          "--repeats", "1", "--device", "cpu", "--synthetic-base", "--out", str(out)])
+          "--repeats", "1", "--device", "cpu", "--synthetic-base", "--static", "--out", str(out)])
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["device"] == "CPU" and report["dtype"] == "torch.float32"
     peers = report["tables"]["multi30k/beam2"]
     rows = {r["system"]: r for r in peers["rows"]}
-    assert set(rows) == {"hf batch 4", "hf batch 12", "ours top-up 4"}
+    assert set(rows) == {"hf batch 4", "hf batch 12", "ours top-up 4", "ours static top-up 4"}
     assert rows["ours top-up 4"]["bleu"] == rows["hf batch 4"]["bleu"]  # exact search: the same translations
+    assert rows["ours static top-up 4"]["bleu"] == rows["ours top-up 4"]["bleu"]
     assert peers["ours_best_over_hf_best"] > 0
     batching = {r["system"] for r in report["tables"]["multi30k/batching/beam2"]["rows"]}
     assert batching == {"GREEDY", "FIXED", "VAR-BATCH", "VAR-STREAM", "VAR-STR-FIFO"}

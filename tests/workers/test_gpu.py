@@ -83,5 +83,7 @@ def test_the_static_step_on_cuda_decodes_as_the_dynamic_one(cuda):
     sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=32, capacity=32, beam_size=5)
     model = cuda.checkpoint.model
     dynamic = Engine(model, SearchConfig(beam_size=5), sched).decode(sources)
-    static = Engine(model, SearchConfig(beam_size=5), sched, static=True).decode(sources)
-    assert [h[0].tokens for h in static] == [h[0].tokens for h in dynamic]
+    engine = Engine(model, SearchConfig(beam_size=5), sched, static=True)
+    static = engine.decode(sources)
+    assert engine._graph is not None and engine._graph.graph is not None  # captured, then replayed
+    assert [h[0].tokens for h in static] == [h[0].tokens for h in dynamic]  # replay = eager, token for token
