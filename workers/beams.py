@@ -1,14 +1,15 @@
 """The beam-search state of the engine's slots, kept on the model's device, and its step update.
 
 Per slot (a sentence being decoded): running (slots, K) cumulative log-probs, live beams first
-(-inf = no beam); last (R,) each row's next input token; and its finished pool, the K best finished
-hypotheses, best first: ``pool`` (slots, K, 4) float64 records (normalised score, -inf = empty;
-log-prob; length; last token) and ``pool_tokens`` (slots, K, T) the tokens before the last. Pools live on the device too, so a step never reads
-anything back: finished candidates are merged into the pools tensor-wide, and the pools' best
-entries come back with the step's one read (``Readback``).
+(-inf = no beam); last (R,) each row's next input token; and its finished pool, the K best
+finished hypotheses, best first: ``pool`` (slots, K, 4) float64 records (normalised score, -inf =
+empty; log-prob; length; last token) and ``pool_tokens`` (slots, K, T) the tokens before the last.
+Pools live on the device too, so a step never reads anything back: finished candidates merge into
+the pools tensor-wide, and the pools' best entries come back with the step's one copy
+(``Readback``).
 
-Everything here is a pure function of tensors in, state updated in place; the search math itself
-is ``workers.search`` (pure step functions) and ``workers.pruning``.
+Tensors in, state updated in place; the search math itself is ``workers.search`` (pure step
+functions) and ``workers.pruning``.
 
 Dimension letters: B' planned slots, K beam, C = 2K candidates, N run rows, T pool token capacity.
 """
@@ -24,13 +25,13 @@ from workers.pruning import RunningCandidates, keep_mask
 from workers.search import NEG_INF, Candidates, Hypothesis, StepSelection
 
 LONG = torch.long
-
-
 SCORE, LOG_PROB, LENGTH, TOKEN = range(4)  # the fields of a pool entry's ``pool`` record
 
 
 @dataclass
 class SlotState:
+    """The slots' search state (see the module docstring for each tensor)."""
+
     running: Tensor
     last: Tensor
     pool: Tensor

@@ -36,8 +36,8 @@ from workers.beams import Readback, SlotState, stop_mask
 from workers.cache import KVCache
 from workers.config import SearchConfig
 from workers.scheduler import Policy, Request, Scheduler, SchedulerConfig, SchedulerStats, StepOutput, StepPlan
-from workers.search import Candidates, Hypothesis, RowTop, StepSelection, row_top_log_probs, select_step, \
-    top_candidates_from_rows
+from workers.graphs import GraphedStep, staging_buffer
+from workers.search import Candidates, Hypothesis, score_step
 
 
 @dataclass
@@ -84,28 +84,6 @@ def max_lengths(source_lengths: list[int], cfg: SearchConfig, positions: int) ->
     return [min(cfg.max_length_for(n), positions) for n in source_lengths]
 
 
-def score_step(logits: Tensor, grid: Tensor | None, running: Tensor, at_max: Tensor, force: Tensor | None, mc, *,
-               head, ops) -> tuple[Candidates, StepSelection]:
-    """One beam step's scoring. logits (N, V|C) of the run rows; grid (N,) their entries in the
-    (B' x K) layout (None: every entry runs, N = B' x K); running (B', K) cumulative scores (-inf =
-    no beam); at_max (B',) sentences at their length cap; force (N,) rows that may only end (forced
-    EOS; None: none does); head: the output layer (its candidate ids and ``<pad>`` column)."""
-    b, k = running.shape
-    top = row_top_log_probs(logits, 2 * k, mc.pad_token_id, force, mc.eos_token_id, head.ids, ops,
-                            skip=head.skip)  # (N, M)
-    m = top.log_probs.shape[1]
-    if k == 1:  # one row per sentence: its best M are the sentence's candidates, already sorted
-        cands = Candidates(top.log_probs + running, torch.zeros_like(top.tokens), top.tokens, top.log_probs)
-        return cands, select_step(cands, mc.eos_token_id, at_max, k)
-    if grid is not None:  # some grid entries are empty (finished, pruned or not yet grown beams)
-        grid_lp = top.log_probs.new_full((b * k, m), float("-inf"))
-        grid_tokens = top.tokens.new_zeros((b * k, m))
-        grid_lp[grid], grid_tokens[grid] = top.log_probs, top.tokens
-        top = RowTop(grid_lp, grid_tokens)
-    cands = top_candidates_from_rows(RowTop(top.log_probs.view(b, k, m), top.tokens.view(b, k, m)), running, 2 * k)
-    return cands, select_step(cands, mc.eos_token_id, at_max, k)
-
-
 @dataclass
 class _Slot:
     """A decoding sentence as the host sees it: its slot, live width and length come from the
@@ -148,13 +126,12 @@ class Engine:
         self._beams = torch.arange(k, device=dev)  # (K,)
         # a pinned staging buffer makes the step's one host-to-device copy asynchronous on a GPU; the
         # step's readback has waited for the previous copy before the buffer is written again
-        self._staging = (torch.empty(4 * slots * k + 3 * slots, dtype=torch.long, device="cpu", pin_memory=True)
-                         if dev.type == "cuda" else None)
+        self._staging = staging_buffer(4 * slots * k + 3 * slots, dev)
         if self.candidates is not None:
             self.stats.shortlist_sizes.append(int(self.candidates.numel()))
         self._free, self._slot, self._encoded = list(range(slots)), {}, {}  # _encoded: id -> memory (s, E)
         self._static_in = None  # the static step's index buffer (one per decode)
-        self._graph = _GraphedStep() if self.static and dev.type == "cuda" else None
+        self._graph = GraphedStep() if self.static and dev.type == "cuda" else None
         scheduler = Scheduler(self.schedule, self.stats.scheduler)
         for i, src in enumerate(sources):
             scheduler.add(Request(i, len(src)))
@@ -323,28 +300,6 @@ class Engine:
         k = self.search.beam_size
         source = (slots[:, None] * k + cands.beams[:, :k]).view(-1) if k > 1 else slots  # (B'K,)
         return self.cache.history(source, t).view(slots.shape[0], k, t - 1)
-
-
-class _GraphedStep:
-    """The static step as a CUDA graph (issue 16): the first step runs eagerly (it warms the kernels
-    and allocator), the second is captured and every step after replays it. The captured step reads
-    the engine's persistent tensors only (cache, search state, the static index buffer), so a replay
-    is the step for that step's indices; refills happen between replays. Untested on CUDA as of this
-    commit (no GPU was lent): ``tests/workers/test_gpu.py`` checks replay against eager."""
-
-    def __init__(self) -> None:
-        self.steps, self.graph, self.output = 0, None, None
-
-    def run(self, step) -> Tensor:
-        self.steps += 1
-        if self.steps == 1:
-            return step()
-        if self.graph is None:
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.output = step()  # recorded, not run
-        self.graph.replay()
-        return self.output
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,3 +136,25 @@ class Hypothesis:
     tokens: tuple[int, ...]  # generated ids, EOS included when the hypothesis ended with it
     score: float  # length-normalised
     log_prob: float  # sum of token log-probs
+
+
+def score_step(logits: Tensor, grid: Tensor | None, running: Tensor, at_max: Tensor, force: Tensor | None, mc, *,
+               head, ops) -> tuple[Candidates, StepSelection]:
+    """One beam step's scoring. logits (N, V|C) of the run rows; grid (N,) their entries in the
+    (B' x K) layout (None: every entry runs, N = B' x K); running (B', K) cumulative scores (-inf =
+    no beam); at_max (B',) sentences at their length cap; force (N,) rows that may only end (forced
+    EOS; None: none does); head: the output layer (its candidate ids and ``<pad>`` column)."""
+    b, k = running.shape
+    top = row_top_log_probs(logits, 2 * k, mc.pad_token_id, force, mc.eos_token_id, head.ids, ops,
+                            skip=head.skip)  # (N, M)
+    m = top.log_probs.shape[1]
+    if k == 1:  # one row per sentence: its best M are the sentence's candidates, already sorted
+        cands = Candidates(top.log_probs + running, torch.zeros_like(top.tokens), top.tokens, top.log_probs)
+        return cands, select_step(cands, mc.eos_token_id, at_max, k)
+    if grid is not None:  # some grid entries are empty (finished, pruned or not yet grown beams)
+        grid_lp = top.log_probs.new_full((b * k, m), float("-inf"))
+        grid_tokens = top.tokens.new_zeros((b * k, m))
+        grid_lp[grid], grid_tokens[grid] = top.log_probs, top.tokens
+        top = RowTop(grid_lp, grid_tokens)
+    cands = top_candidates_from_rows(RowTop(top.log_probs.view(b, k, m), top.tokens.view(b, k, m)), running, 2 * k)
+    return cands, select_step(cands, mc.eos_token_id, at_max, k)
