@@ -43,8 +43,8 @@ from pipeline.sink import OutputStore
 from pipeline.storage import storage_options
 from pipeline.units import Columns, InputError
 from workers.config import FAST_PRUNING, PruningConfig, SearchConfig
-from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from workers.device import DeviceUnavailable
+from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from workers.speedups import EXACT, CpuSpeedups
 from workers.translator import Translator
 

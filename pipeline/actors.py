@@ -151,8 +151,8 @@ class DecoderWorker:
         self.sampler = Sampler(self._counters, self._capacity, settings.slice_s, self._on_slice)
 
     def _live(self) -> Counters:
-        st = self.live
-        return Counters(st.steps, st.sentence_steps, st.scheduler.refills)
+        st = self.live  # (batch mode's batches are not refills: its scheduler admits each one whole)
+        return Counters(st.steps, st.sentence_steps, st.scheduler.refills if self.settings.batching else 0)
 
     def _counters(self) -> Counters:
         with self.lock:
