@@ -95,15 +95,9 @@ def ours_runner(translator: Translator, static: bool = False):
 
     def translate(lines: list[str], beam: int, capacity: int) -> tuple[list[str], int]:
         batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=capacity, capacity=capacity, beam_size=beam)
-        ids = translator.encode(lines)
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        stats = DecodeStats()
-        engine = Engine(translator.checkpoint.model, SearchConfig(beam_size=beam), batching,
-                        forced_eos=translator.forced_eos, stats=stats, static=static)
-        texts = [""] * len(ids)
-        for i, h in zip(order, engine.decode([ids[i] for i in order])):
-            texts[i] = tok.decode(list(h[0].tokens))
-        return texts, stats.target_tokens
+        decoded = translator.decode_ids(translator.encode(lines), SearchConfig(beam_size=beam), batching=batching,
+                                        static=static)
+        return [tok.decode(list(h[0].tokens)) for h in decoded.hypotheses], decoded.stats.target_tokens
     return translate
 
 

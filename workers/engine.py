@@ -74,9 +74,12 @@ def pad_sources(sources: list[list[int]], pad_id: int, device: torch.device | st
     src_ids = torch.full((len(sources), s), pad_id, dtype=torch.long, device="cpu")
     for row, x in enumerate(sources):
         src_ids[row, : len(x)] = torch.tensor(x, device="cpu")
-    lengths = torch.tensor([len(x) for x in sources], device="cpu")
-    src_mask = torch.arange(s, device="cpu")[None, :] < lengths[:, None]
-    return src_ids.to(device), src_mask.to(device)
+    return src_ids.to(device), prefix_mask([len(x) for x in sources], s, device)
+
+
+def prefix_mask(lengths: list[int], width: int, device: torch.device | str = "cpu") -> Tensor:
+    """(B, width) bool: True on each row's first lengths[b] positions, built on the host, one copy."""
+    return (torch.arange(width, device="cpu")[None, :] < torch.tensor(lengths, device="cpu")[:, None]).to(device)
 
 
 def max_lengths(source_lengths: list[int], cfg: SearchConfig, positions: int) -> list[int]:
@@ -117,7 +120,8 @@ class Engine:
         caps = max_lengths([len(s) for s in sources], self.search, mc.max_position_embeddings)
         static = dict(target_capacity=max(caps) + 1, zeroed=True) if self.static else {}  # + a scratch position
         self.cache: KVCache = self.model.new_cache(slots, k, max(len(s) for s in sources), **static)
-        self._all_rows, self._all_slots = torch.arange(slots * k, device=dev), torch.arange(slots, device=dev)
+        if self.static:  # every row and slot, every step
+            self._all_rows, self._all_slots = torch.arange(slots * k, device=dev), torch.arange(slots, device=dev)
         self.state = SlotState.empty(slots, k, max(caps), mc.pad_token_id, dev)
         lp = self.search.length_penalty
         self._norm = torch.tensor([float(n) ** lp if n else 1.0 for n in range(max(caps) + 2)], dtype=torch.float64,
@@ -160,8 +164,7 @@ class Engine:
             self._slot[i] = _Slot(b, len(sources[i]), caps[i])
         self._encode_ahead([i for i in ids if i not in self._encoded], sources, scheduler)
         memory = pad_sequence([self._encoded.pop(i) for i in ids], batch_first=True)  # (A, s, E)
-        lengths = torch.tensor([len(sources[i]) for i in ids], device="cpu")
-        src_mask = (torch.arange(memory.shape[1], device="cpu")[None, :] < lengths[:, None]).to(self.model.device)
+        src_mask = prefix_mask([len(sources[i]) for i in ids], memory.shape[1], self.model.device)
         index = torch.tensor(blocks, device=self.model.device)  # (A,)
         self.model.admit(self.cache, memory, src_mask, index)
         self.state.admit(index, self.model.config.decoder_start_token_id)

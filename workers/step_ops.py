@@ -120,13 +120,13 @@ class NativeOps(AtenOps):
         return self.kernels.row_top_log_softmax(logits.float().contiguous(), min(num, logits.shape[1]), skip)
 
     def self_attention(self, sa: nn.Module, x: Tensor, cache: KVCache, layer: int, at: StepAt) -> Tensor:
-        scale, positions = sa.head_dim ** -0.5, None if at.shared else at.positions
+        scale = sa.head_dim ** -0.5  # (each row bounded by its own position, shared or not)
         if sa.qkv_proj is not None:  # K/V written from the fused QKV output and attended in one call
             return self.kernels.self_attention_step(sa.qkv_proj(x), cache.self_k, cache.self_v, at.ancestry, at.rows,
                                                     at.positions, layer, at.t, scale)
         q, k, v = sa.step_qkv(x)
         cache.self_k[at.positions, layer, at.rows], cache.self_v[at.positions, layer, at.rows] = k, v
-        return self.kernels.self_attention(q, cache.self_k, cache.self_v, at.ancestry, positions, layer, at.t, scale)
+        return self.kernels.self_attention(q, cache.self_k, cache.self_v, at.ancestry, at.positions, layer, at.t, scale)
 
     def cross_attention(self, q: Tensor, cache: KVCache, layer: int, at: StepAt) -> Tensor:
         if q.dtype != torch.float32 or not cache.cross_k.is_contiguous():

@@ -88,18 +88,20 @@ class Translator:
         return out
 
     def decode_ids(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None = None,
-                   batching: SchedulerConfig | None = None, *, stats: DecodeStats | None = None) -> Decoded:
+                   batching: SchedulerConfig | None = None, *, stats: DecodeStats | None = None,
+                   static: bool = False) -> Decoded:
         """Token ids -> hypotheses (input order) and the engine's counters of this call.
 
         Without ``batching``: batch decoding, the sources sorted by length into batches of
         ``max_batch_size`` (or the tuner's size), each decoded to its end (the FIXED policy; with a
         ``shortlist``, over its own candidate set). With ``batching``: the engine under that policy
         over the length-sorted sources (one candidate set for the whole call). ``stats``: counters to
-        add to (read live by the actors' time slices); a fresh ``DecodeStats`` by default.
+        add to (read live by the actors' time slices); a fresh ``DecodeStats`` by default. ``static``:
+        the engine's one-shape step (``Engine(static=True)``: a CUDA graph on a GPU).
         """
         stats = stats if stats is not None else DecodeStats()
         if batching is not None:
-            return Decoded(self._stream(sources, cfg, shortlist, batching, stats), stats)
+            return Decoded(self._stream(sources, cfg, shortlist, batching, stats, static), stats)
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         out: list[list[Hypothesis]] = [[] for _ in sources]
         start = 0
@@ -107,7 +109,7 @@ class Translator:
             size = self.tuner.next_size() if self.tuner else self.max_batch_size
             idx = order[start: start + size]
             tokens, t0 = stats.target_tokens, time.perf_counter()
-            for i, hyps in zip(idx, self._decode_batch([sources[i] for i in idx], cfg, shortlist, stats)):
+            for i, hyps in zip(idx, self._decode_batch([sources[i] for i in idx], cfg, shortlist, stats, static)):
                 out[i] = hyps
             if self.tuner:
                 self.tuner.record(len(idx), stats.target_tokens - tokens, time.perf_counter() - t0)
@@ -132,10 +134,10 @@ class Translator:
         return self.tuner
 
     def _decode_batch(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
-                      stats: DecodeStats) -> list[list[Hypothesis]]:
+                      stats: DecodeStats, static: bool = False) -> list[list[Hypothesis]]:
         """One batch; out of memory, it is split in halves and retried (and the tuner's cap lowered)."""
         try:
-            return self._search(sources, cfg, shortlist, stats)
+            return self._search(sources, cfg, shortlist, stats, static)
         except (torch.OutOfMemoryError, MemoryError):
             if len(sources) == 1:
                 raise
@@ -143,24 +145,26 @@ class Translator:
             if self.tuner:
                 self.tuner.out_of_memory(len(sources))
             half = len(sources) // 2
-            return (self._decode_batch(sources[:half], cfg, shortlist, stats)
-                    + self._decode_batch(sources[half:], cfg, shortlist, stats))
+            return (self._decode_batch(sources[:half], cfg, shortlist, stats, static)
+                    + self._decode_batch(sources[half:], cfg, shortlist, stats, static))
 
     def _engine(self, cfg: SearchConfig, shortlist: Shortlist | None, sources: list[list[int]],
-                batching: SchedulerConfig, stats: DecodeStats) -> Engine:
+                batching: SchedulerConfig, stats: DecodeStats, static: bool = False) -> Engine:
         model = self.checkpoint.model
         candidates = shortlist.candidates(sources).to(model.device) if shortlist else None
-        return Engine(model, cfg, batching, forced_eos=self.forced_eos, candidates=candidates, stats=stats)
+        return Engine(model, cfg, batching, forced_eos=self.forced_eos, candidates=candidates, stats=stats,
+                      static=static)
 
     def _search(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
-                stats: DecodeStats) -> list[list[Hypothesis]]:
+                stats: DecodeStats, static: bool = False) -> list[list[Hypothesis]]:
         """One length-sorted batch, decoded to its end: the FIXED policy over exactly these sentences."""
-        return self._engine(cfg, shortlist, sources, batch_schedule(len(sources), cfg.beam_size), stats).decode(sources)
+        return self._engine(cfg, shortlist, sources, batch_schedule(len(sources), cfg.beam_size), stats,
+                            static).decode(sources)
 
     def _stream(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
-                batching: SchedulerConfig, stats: DecodeStats) -> list[list[Hypothesis]]:
+                batching: SchedulerConfig, stats: DecodeStats, static: bool = False) -> list[list[Hypothesis]]:
         order = sorted(range(len(sources)), key=lambda i: len(sources[i])) if self.sort_by_length else list(range(len(sources)))
-        hyps = self._engine(cfg, shortlist, sources, batching, stats).decode([sources[i] for i in order])
+        hyps = self._engine(cfg, shortlist, sources, batching, stats, static).decode([sources[i] for i in order])
         out: list[list[Hypothesis]] = [[] for _ in sources]
         for i, h in zip(order, hyps):
             out[i] = h
