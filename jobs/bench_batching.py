@@ -29,6 +29,7 @@ from pipeline.reports import SETS, markdown_table, read_lines, write_report
 from workers.config import PruningConfig, SearchConfig
 from workers.engine import DecodeStats
 from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
+from workers.shortlist import Shortlist
 from workers.translator import Translator
 
 
@@ -38,6 +39,7 @@ class Run:
     cfg: SearchConfig
     batching: SchedulerConfig | None
     sort: bool = True
+    shortlist: Shortlist | None = None
     seconds: list[float] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     stats: DecodeStats = field(default_factory=DecodeStats)
@@ -56,10 +58,11 @@ def run_all(translator: Translator, sources: list[str], runs: list[Run], repeats
                 order = list(range(len(ids)))
                 start, hyps = time.perf_counter(), []
                 for i in range(0, len(order), batch):
-                    hyps += translator.decode_ids([ids[j] for j in order[i:i + batch]], r.cfg, stats=st).hypotheses
+                    hyps += translator.decode_ids([ids[j] for j in order[i:i + batch]], r.cfg, r.shortlist,
+                                                  stats=st).hypotheses
             else:
                 start = time.perf_counter()
-                hyps = translator.decode_ids(ids, r.cfg, batching=r.batching, stats=st).hypotheses
+                hyps = translator.decode_ids(ids, r.cfg, r.shortlist, batching=r.batching, stats=st).hypotheses
             r.seconds.append(time.perf_counter() - start)
             r.texts = [tok.decode(list(h[0].tokens)) for h in hyps]
             r.stats, r.timesteps = st, st.steps
@@ -97,6 +100,22 @@ def systems(beam: int, n: int, epsilon: float, max_length: int) -> list[Run]:
             Run("VAR-BATCH", pruned, replace(sched, policy=Policy.VAR_BATCH)),
             Run("VAR-STREAM", pruned, replace(sched, policy=Policy.VAR_STREAM)),
             Run("VAR-STR-FIFO", pruned, fifo)]
+
+
+def topup_systems(beam: int, n: int, max_length: int) -> list[Run]:
+    """The top-up paper's comparison, exact beam: mini-batch (input order), maxi-batch (length-sorted
+    batches), top-up streaming, and top-up over sorted input."""
+    exact = SearchConfig(beam_size=beam, max_length_a=1.5, max_length_b=10, max_decoding_length=max_length)
+    topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=n, capacity=n, beam_size=beam)
+    return [Run("mini-batch", exact, None, sort=False), Run("maxi-batch", exact, None, sort=True),
+            Run("top-up", exact, topup, sort=False), Run("top-up + maxi-batch", exact, topup, sort=True)]
+
+
+def topup_table(runs: list[Run], refs: list[str]) -> list[dict]:
+    rows = table(runs, refs, "mini-batch")
+    for row, r in zip(rows, runs):
+        row["batch_size_histogram"] = dict(sorted({b: r.batch_sizes.count(b) for b in set(r.batch_sizes)}.items()))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -142,15 +161,9 @@ def main(argv: list[str] | None = None) -> None:
                    f"VAR-STREAM is {goals['var_stream_vs_var_batch']}x VAR-BATCH and {goals['var_stream_vs_fixed']}x "
                    f"FIXED; BLEU VAR-STREAM - FIXED = {goals['bleu_var_stream_minus_fixed']}.", ""]
     beam = int(args.beams.split(",")[0])
-    exact = SearchConfig(beam_size=beam, max_length_a=1.5, max_length_b=10, max_decoding_length=args.max_length)
-    topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=args.batch_sentences,
-                            capacity=args.batch_sentences, beam_size=beam)
-    runs = [Run("mini-batch", exact, None, sort=False), Run("maxi-batch", exact, None, sort=True),
-            Run("top-up", exact, topup, sort=False), Run("top-up + maxi-batch", exact, topup, sort=True)]
+    runs = topup_systems(beam, args.batch_sentences, args.max_length)
     run_all(translator, sources, runs, args.repeats)
-    rows = table(runs, refs, "mini-batch")
-    for row, r in zip(rows, runs):
-        row["batch_size_histogram"] = dict(sorted({b: r.batch_sizes.count(b) for b in set(r.batch_sizes)}.items()))
+    rows = topup_table(runs, refs)
     report["tables"]["topup"] = rows
     md += [f"## Top-up batching, k={beam}, {len(sources)} lines (mini-batch vs maxi-batch vs top-up)\n",
            markdown_table(rows), ""]

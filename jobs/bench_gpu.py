@@ -12,6 +12,12 @@ Per set and beam: HF at each ``--hf-batches`` (length-sorted batches) and ours (
 ``--capacities`` -> target tokens/s, BLEU, peak device memory; the ratio ours-best / HF-best.
 ``--tables batching`` adds the seeds' tables (jobs/bench_batching.py: FIXED / VAR-BATCH /
 VAR-STREAM / VAR-STR-FIFO at k=5 and 50; mini-batch / maxi-batch / top-up) on the same device.
+``--tables topup`` adds the top-up paper's mini-batch / maxi-batch / top-up table; ``--tables search``
+the shortlist on/off x pruning on/off table at beam 14 (``--shortlist``: a lex.s2t or .vmap table,
+built where eflomal runs, e.g. ``python -m jobs.build_shortlist``; without it, pruning only);
+``--tables output`` the output step alone: ATen's log-softmax + top-k against the fused Triton
+kernels (workers/triton_ops.py), each against the bytes-moved floor (reading the logits once at the
+device's measured copy bandwidth).
 ``--synthetic-base`` adds a randomly initialised transformer-base-shaped model (d 512, 6+6
 layers, vocabulary 32k, seeded) for GEMM-bound throughput (ours only: no reference outputs).
 """
@@ -22,18 +28,19 @@ import logging
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import sacrebleu
 import torch
 
-from jobs.bench_batching import run_all, systems, table, targets
+from jobs.bench_batching import Run, run_all, systems, table, targets, topup_systems, topup_table
 from pipeline.reports import SETS, markdown_table, read_lines, write_report
-from workers.config import ModelConfig, SearchConfig
+from workers.config import ModelConfig, PruningConfig, SearchConfig
 from workers.device import resolve_device
 from workers.engine import DecodeStats, Engine
 from workers.scheduler import Policy, SchedulerConfig
 from workers.speedups import EXACT, CpuSpeedups
+from workers.step_ops import ATEN
 from workers.translator import Translator
 
 logger = logging.getLogger(__name__)
@@ -139,6 +146,69 @@ def synthetic_runner(translator: Translator, device: torch.device, dtype: torch.
     return translate
 
 
+def device_seconds(device: torch.device, fn, repeats: int) -> float:
+    """Median seconds of ``fn()`` on ``device`` (CUDA events on a GPU), after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def copy_bandwidth(device: torch.device, mb: int = 512) -> float:
+    """Bytes per second a device-to-device copy moves (read + written), the floor's yardstick."""
+    src = torch.empty(mb * 2**20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / device_seconds(device, lambda: dst.copy_(src), 10)
+
+
+def output_step_rows(device: torch.device, vocab: int, row_counts: list[int], k: int = 10) -> list[dict]:
+    """The output step alone, (N, vocab) logits -> each row's k best log-probs: ATen (float32 copy,
+    log_softmax, <pad> ban, topk) and the fused Triton kernels, float32 and bf16 logits, against the
+    floor of reading the logits once."""
+    from workers import triton_ops  # (imports Triton where it is installed)
+
+    bandwidth = copy_bandwidth(device)
+    kernels = {"aten": lambda x: ATEN.row_top(x, k, 0)}
+    if device.type == "cuda" and triton_ops.available():
+        kernels["triton fused"] = lambda x: triton_ops.row_top_log_softmax(x, k, 0)
+    rows = []
+    for n in row_counts:
+        for dtype in (torch.float32, torch.bfloat16):
+            logits = torch.randn(n, vocab, device=device).to(dtype)
+            floor = logits.numel() * logits.element_size() / bandwidth
+            for name, fn in kernels.items():
+                seconds = device_seconds(device, lambda: fn(logits), 20)
+                rows.append({"rows": n, "vocab": vocab, "logits": str(dtype).removeprefix("torch."), "kernel": name,
+                             "us": round(seconds * 1e6, 1), "floor_us": round(floor * 1e6, 1),
+                             "floor_share": round(floor / seconds, 3)})
+    return rows, bandwidth
+
+
+def search_runs(translator: Translator, beam: int, n: int, shortlist_path: str | None) -> list[Run]:
+    """Shortlist on/off x pruning on/off, top-up batching, beam ``beam``: the seeds' GPU search table."""
+    exact = SearchConfig(beam_size=beam, max_length_a=1.5, max_length_b=10, max_decoding_length=256)
+    pruned = replace(exact, pruning=PruningConfig(delta=1.5, mc=min(5, beam)))
+    topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=n, capacity=n, beam_size=beam)
+    runs = [Run("exact", exact, topup), Run("pruning", pruned, topup)]
+    if shortlist_path:
+        from pipeline.shortlists import load_shortlist  # (fsspec: installed beside transformers)
+        short = load_shortlist(shortlist_path, translator.checkpoint.tokenizer, top_m=10, top_n=100,
+                               special_ids=translator.special_target_ids())
+        runs += [Run("shortlist", exact, topup, shortlist=short), Run("shortlist + pruning", pruned, topup, shortlist=short)]
+    return runs
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="models/demo-de-en")
@@ -150,9 +220,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--capacities", default="128,512,1024", help="ours: top-up capacities in sentences")
     p.add_argument("--device", default="auto")
     p.add_argument("--bf16", action="store_true", help="ours and HF in bfloat16 (log-softmax and scores stay float32)")
-    p.add_argument("--tables", default="peers,batching", help="peers (ours vs HF) and/or batching (the seeds' tables)")
+    p.add_argument("--tables", default="peers,batching,topup,search,output",
+                   help="peers (ours vs HF); the seeds' tables: batching, topup, search; output (the output step alone)")
     p.add_argument("--batching-beams", default="5,50", help="beams of the seeds' batching tables")
     p.add_argument("--batch-sentences", type=int, default=32, help="n of the seeds' batching tables")
+    p.add_argument("--search-beam", type=int, default=14, help="beam of the shortlist x pruning table")
+    p.add_argument("--shortlist", help="lex.s2t / .vmap table for the search table (M=10, N=100); none: pruning only")
+    p.add_argument("--output-rows", default="160,640,2560", help="rows of the output-step table")
     p.add_argument("--synthetic-base", action="store_true")
     p.add_argument("--static", action="store_true", help="also the static step where there is no GPU (eager)")
     p.add_argument("--repeats", type=int, default=3)
@@ -192,14 +266,36 @@ def main(argv: list[str] | None = None) -> None:
             report["tables"][f"{set_name}/beam{beam}"] = {"rows": rows, "ours_best_over_hf_best": ratio}
             md += [f"## {set_name}, beam {beam}, {len(lines)} lines\n", markdown_table(rows), "",
                    f"ours best / HF best = {ratio} ({best['ours']['system']} vs {best['hf']['system']})", ""]
+        batched = replace(translator, max_batch_size=args.batch_sentences)  # FIXED / mini / maxi-batch: n sentences
         if "batching" in args.tables:
             for beam in map(int, args.batching_beams.split(",")):
                 runs = systems(beam, args.batch_sentences, 1 / 6, 256)
                 subset = lines if beam < 20 else lines[:100]
-                run_all(translator, subset, runs, args.repeats)
+                run_all(batched, subset, runs, args.repeats)
                 rows = table(runs, refs[:len(subset)], "FIXED")
                 report["tables"][f"{set_name}/batching/beam{beam}"] = {"rows": rows, "targets": targets(rows)}
                 md += [f"## {set_name}, seeds' batching table, k={beam}, {len(subset)} lines\n", markdown_table(rows), ""]
+        if "topup" in args.tables:
+            beam = int(args.batching_beams.split(",")[0])
+            runs = topup_systems(beam, args.batch_sentences, 256)
+            run_all(batched, lines, runs, args.repeats)
+            rows = topup_table(runs, refs)
+            report["tables"][f"{set_name}/topup/beam{beam}"] = {"rows": rows}
+            md += [f"## {set_name}, top-up paper's table, k={beam}, n={args.batch_sentences}, {len(lines)} lines\n",
+                   markdown_table(rows), ""]
+        if "search" in args.tables:
+            runs = search_runs(translator, args.search_beam, args.batch_sentences, args.shortlist)
+            run_all(batched, lines, runs, args.repeats)
+            rows = table(runs, refs, "exact")
+            report["tables"][f"{set_name}/search/beam{args.search_beam}"] = {"rows": rows, "shortlist": args.shortlist}
+            md += [f"## {set_name}, shortlist x pruning, k={args.search_beam}, top-up n={args.batch_sentences}, "
+                   f"{len(lines)} lines (shortlist: {args.shortlist or 'none given'})\n", markdown_table(rows), ""]
+    if "output" in args.tables:
+        vocab = translator.checkpoint.model.config.decoder_vocab_size
+        rows, bandwidth = output_step_rows(device, vocab, [int(n) for n in args.output_rows.split(",")])
+        report["tables"]["output-step"] = {"rows": rows, "copy_bytes_per_s": bandwidth}
+        md += [f"## The output step alone: log-softmax + top-10 over {vocab} columns (copy bandwidth "
+               f"{bandwidth / 1e9:.0f} GB/s; floor = the logits read once)\n", markdown_table(rows), ""]
     if args.synthetic_base:
         base = synthetic_runner(translator, device, dtype)
         lines = read_lines(os.path.join(args.data, SETS["wmt22"][0]), args.lines)

@@ -1,13 +1,15 @@
 """The decode step's small operators, one typed backend chosen once per model and device.
 
     ATEN       AtenOps: ATen operators, any device and dtype
+    TritonOps  ATen's with the fused Triton log-softmax + top-k (workers/triton_ops.py): a GPU's
     NativeOps  workers/native.py's fused C++ kernels: CPU, float32; each row reads exactly its own
                prefix through the cache's ancestry table (``in_place``: no zeroed cache needed)
 
 ``Decoder.step`` and the search steps call ``ops.row_top`` / ``self_attention`` / ``cross_attention``
 / ``add_norm`` / ``feed_forward`` and never ask which backend they hold. A step the native kernels
 cannot serve (another dtype or device) is handed to ``ATEN`` by ``for_step``, once per step.
-The backend is set by ``workers/speedups.py`` (``NativeOps`` where the kernels build on the CPU).
+The backend is set by ``workers/speedups.py`` on the CPU (``NativeOps`` where the kernels build) and
+by ``workers/triton_ops.device_ops`` on a GPU (``TritonOps`` where Triton imports).
 """
 from __future__ import annotations
 

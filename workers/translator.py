@@ -54,7 +54,8 @@ class Translator:
         """``model``: a local directory, or a reader (e.g. ``pipeline.storage.model_reader(url)``).
         ``speedups``: the CPU rewrites (``workers/speedups.py``); the default keeps float32 outputs.
         ``device``: where the weights live and every decode tensor is created; the CPU rewrites
-        apply on the CPU only (elsewhere they are skipped, and the log says so)."""
+        apply on the CPU only (elsewhere they are skipped, and the log says so); a GPU decoder gets
+        the fused Triton output step (``workers/triton_ops.py``) where Triton imports."""
         if threads:
             torch.set_num_threads(threads)
         device = torch.device(device)
@@ -65,6 +66,8 @@ class Translator:
         else:
             if speedups.bf16:  # the one rewrite that is a dtype, not a CPU kernel
                 checkpoint.model.to(torch.bfloat16)
+            from workers.triton_ops import device_ops  # (imports Triton: only where a GPU may decode)
+            checkpoint.model.model.decoder.ops = device_ops(device)  # the fused Triton output step on a GPU
             if replace(speedups, bf16=False) != CpuSpeedups():
                 logger.info("CPU speed-ups (%s) skipped on %s", speedups.signature(), device)
         return cls(checkpoint, max_batch_size=max_batch_size)

@@ -5,15 +5,21 @@ from __future__ import annotations
 import json
 
 from jobs.bench_gpu import main
+from pipeline.shortlists import save_table
+from workers.shortlist import LexicalTable
+from workers.translator import Translator
 from tests.conftest import SHARED_DATA, shared_path
 
 
 def test_bench_gpu_smoke_on_the_cpu(demo_model_dir, tmp_path):
     shared_path("multi30k", "test_2016_flickr.de")
-    out = tmp_path / "gpu"
+    out, lex = tmp_path / "gpu", str(tmp_path / "lex.s2t")
+    tok = Translator.load(str(demo_model_dir)).checkpoint.tokenizer
+    save_table(lex, LexicalTable({}, list(range(0, 8001, 3))), tok)  # a frequency-only table: every third id
     main(["--model", str(demo_model_dir), "--data", str(SHARED_DATA), "--sets", "multi30k", "--lines", "12",
           "--beams", "2", "--hf-batches", "4,12", "--capacities", "4", "--batching-beams", "2", "--batch-sentences", "4",
-          "--repeats", "1", "--device", "cpu", "--synthetic-base", "--static", "--out", str(out)])
+          "--search-beam", "3", "--shortlist", lex, "--output-rows", "4", "--repeats", "1", "--device", "cpu",
+          "--synthetic-base", "--static", "--out", str(out)])
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["device"] == "CPU" and report["dtype"] == "torch.float32"
     peers = report["tables"]["multi30k/beam2"]
@@ -25,4 +31,13 @@ def test_bench_gpu_smoke_on_the_cpu(demo_model_dir, tmp_path):
     batching = {r["system"] for r in report["tables"]["multi30k/batching/beam2"]["rows"]}
     assert batching == {"GREEDY", "FIXED", "VAR-BATCH", "VAR-STREAM", "VAR-STR-FIFO"}
     assert report["tables"]["synthetic-base/beam5"]["rows"][0]["target_tokens"] > 0
+    topup = {r["system"]: r for r in report["tables"]["multi30k/topup/beam2"]["rows"]}
+    assert set(topup) == {"mini-batch", "maxi-batch", "top-up", "top-up + maxi-batch"}
+    assert len({r["bleu"] for r in topup.values()}) == 1  # exact search under every batching
+    search = {r["system"]: r for r in report["tables"]["multi30k/search/beam3"]["rows"]}
+    assert set(search) == {"exact", "pruning", "shortlist", "shortlist + pruning"}
+    assert search["shortlist"]["bleu"] != search["exact"]["bleu"]  # every third id: a visibly different search
+    output = report["tables"]["output-step"]["rows"]
+    assert {(r["logits"], r["kernel"]) for r in output} == {("float32", "aten"), ("bfloat16", "aten")}  # no GPU
+    assert all(r["rows"] == 4 and r["vocab"] == 8001 and 0 < r["floor_share"] for r in output)
     assert "# GPU benchmark on CPU" in out.with_suffix(".md").read_text()

@@ -13,6 +13,7 @@ from tests.conftest import shared_path
 from workers.config import SearchConfig
 from workers.scheduler import Policy, SchedulerConfig
 from workers.speedups import CpuSpeedups
+from workers.step_ops import ATEN
 from workers.translator import Translator
 
 pytestmark = [pytest.mark.gpu,
@@ -87,3 +88,20 @@ def test_the_static_step_on_cuda_decodes_as_the_dynamic_one(cuda):
     static = engine.decode(sources)
     assert engine._graph is not None and engine._graph.graph is not None  # captured, then replayed
     assert [h[0].tokens for h in static] == [h[0].tokens for h in dynamic]  # replay = eager, token for token
+
+
+def test_a_gpu_decoder_gets_the_fused_triton_output_step(cuda):
+    pytest.importorskip("triton", reason="Triton is not installed on this GPU machine")
+    from workers.triton_ops import TritonOps
+
+    assert isinstance(cuda.checkpoint.model.ops, TritonOps)
+    src, _ = lines(64)
+    model, cfg = cuda.checkpoint.model, SearchConfig(beam_size=5)
+    fused = [t.text for t in cuda.translate(src, cfg)]
+    ops, model.model.decoder.ops = model.model.decoder.ops, ATEN
+    try:
+        aten = [t.text for t in cuda.translate(src, cfg)]
+    finally:
+        model.model.decoder.ops = ops
+    same = sum(a == b for a, b in zip(fused, aten))
+    assert same >= 0.97 * len(src), f"{same}/{len(src)} identical"  # summation order differs from ATen's

@@ -1,0 +1,111 @@
+"""The fused Triton log-softmax + top-k (workers/triton_ops.py) against ATen's output step.
+
+The kernels run on a CUDA device where there is one, else on the CPU under Triton's interpreter.
+The interpreter must be chosen before Triton is first imported, so on a machine without a GPU the
+one test below that is not skipped runs this file again in a fresh process with
+``TRITON_INTERPRET=1`` (CI's case: the same kernel code, executed by the interpreter)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from workers.step_ops import ATEN
+
+triton = pytest.importorskip("triton", reason="Triton is not installed (pip install -e '.[test]' brings it)")
+
+from workers import triton_ops  # noqa: E402  (after the skip: its kernels need Triton)
+
+RUNNABLE = triton_ops.INTERPRETED or torch.cuda.is_available()
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+kernels = pytest.mark.skipif(not RUNNABLE, reason="runs in the interpreted subprocess (or on a GPU)")
+
+
+@pytest.mark.skipif(RUNNABLE, reason="the kernels run in this process")
+def test_the_kernels_under_the_triton_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    summary = done.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"\d+ passed, 1 skipped in .*", summary), done.stdout[-2000:]  # skipped: this test alone
+
+
+@kernels
+@pytest.mark.parametrize("n, v, k, skip", [(5, 5000, 10, 58), (3, 100, 4, -1), (4, 9000, 28, 0), (2, 2049, 2, 2048),
+                                           (1, 3, 2, 1), (0, 300, 4, 1)])
+def test_top_k_log_probs_equal_atens(n, v, k, skip):
+    torch.manual_seed(n * v + k)
+    logits = (torch.randn(n, v) * 4).to(DEVICE)
+    values, cols = triton_ops.row_top_log_softmax(logits, k, skip)
+    want_values, want_cols = ATEN.row_top(logits, k, skip)
+    assert values.dtype == torch.float32 and cols.dtype == torch.int64 and values.shape == (n, min(k, v))
+    torch.testing.assert_close(values, want_values, atol=2e-6, rtol=1e-6)
+    assert torch.equal(cols, want_cols)
+
+
+@kernels
+def test_a_strided_and_a_bf16_logits_matrix():
+    torch.manual_seed(1)
+    wide = torch.randn(4, 6000, device=DEVICE)
+    values, cols = triton_ops.row_top_log_softmax(wide[:, :5000], 6, 7)  # rows 6000 apart
+    want = ATEN.row_top(wide[:, :5000].contiguous(), 6, 7)
+    torch.testing.assert_close(values, want[0])
+    assert torch.equal(cols, want[1])
+    distinct = torch.full((2, 3000), -10.0, device=DEVICE)  # ten values exact in bf16 across two chunks: no ties
+    distinct[:, torch.randperm(3000)[:10]] = torch.arange(10, device=DEVICE, dtype=torch.float32) / 4
+    distinct = distinct.to(torch.bfloat16)
+    values, cols = triton_ops.row_top_log_softmax(distinct, 5, 0)
+    want_values, want_cols = ATEN.row_top(distinct, 5, 0)  # (ATen casts to float32 first, as the kernel reads)
+    torch.testing.assert_close(values, want_values, atol=1e-5, rtol=1e-6)
+    assert torch.equal(cols, want_cols)
+
+
+@kernels
+def test_equal_values_keep_the_lower_column_first_across_chunks():
+    logits = torch.zeros(2, 5000, device=DEVICE)
+    logits[:, [4500, 30, 2100, 31]] = 3.0  # ties in three chunks of 2048 columns
+    values, cols = triton_ops.row_top_log_softmax(logits, 5, 31)
+    assert cols[0].tolist() == [30, 2100, 4500, 0, 1]  # <pad> (31) never chosen; then the zeros, lowest first
+    assert torch.all(values[:, :3] == values[0, 0]) and torch.all(values[:, 3:] < values[0, 0])
+    norm = torch.logsumexp(logits[0].double(), 0)
+    torch.testing.assert_close(values[0, 0].double().cpu(), (3.0 - norm).cpu(), atol=1e-6, rtol=0)
+
+
+@kernels
+def test_rows_with_fewer_candidates_than_k_fill_with_minus_infinity():
+    logits = torch.full((1, 6), float("-inf"), device=DEVICE)
+    logits[0, 2], logits[0, 4] = 1.0, 0.5  # <pad> at 4: one real candidate for k = 3
+    values, cols = triton_ops.row_top_log_softmax(logits, 3, 4)
+    assert cols.tolist() == [[2, 4, 4]]
+    assert values[0, 0].item() == pytest.approx(1.0 - torch.logsumexp(torch.tensor([1.0, 0.5]), 0).item(), abs=1e-6)
+    assert values[0, 1:].tolist() == [float("-inf")] * 2
+
+
+@kernels
+@pytest.mark.parametrize("beam, shortlisted", [(1, False), (4, True)])
+def test_a_decode_with_the_fused_output_step_equals_atens(demo_model_dir, beam, shortlisted):
+    from workers.config import SearchConfig
+    from workers.shortlist import LexicalTable, Shortlist
+    from workers.translator import Translator
+    translator = Translator.load(str(demo_model_dir), device=DEVICE)
+    model = translator.checkpoint.model
+    shortlist = None
+    if shortlisted:  # candidate columns: the head gathers output-layer rows, the kernel maps columns back
+        ids = list(range(0, model.config.decoder_vocab_size, 7))
+        shortlist = Shortlist(LexicalTable({}, ids), top_m=0, top_n=len(ids), special_ids=translator.special_target_ids())
+    texts = ["Ein Hund rennt über die Wiese.", "Eine Frau liest."]
+    cfg = SearchConfig(beam_size=beam, num_hypotheses=1)
+    decoder = model.model.decoder
+    fused = triton_ops.TritonOps()
+    decoder.ops = fused
+    got = [t.text for t in translator.translate(texts, cfg, shortlist)]
+    decoder.ops = ATEN
+    assert got == [t.text for t in translator.translate(texts, cfg, shortlist)]
+    assert triton_ops.device_ops(torch.device("cpu")) is ATEN  # the CPU's backend comes from workers/speedups.py

@@ -1,0 +1,140 @@
+"""The GPU's fused log-softmax + top-k (the top-up paper's Algorithm 3) as two Triton kernels.
+
+ATen's output step on a GPU is four kernels and three passes over the (N, V) logits: a float32
+copy (bf16 logits), ``log_softmax`` (reads, writes), the ``<pad>`` ban, ``topk`` (reads again).
+Here the logits are read once, in their own dtype, and only (N, k) comes back:
+
+    _chunk_top  grid (N, chunks): each program reads BLOCK columns of one row once and writes the
+                chunk's max, its sum of exp(x - max) and its k best (value, column), ``<pad>`` kept
+                in the sum and out of the top-k (as HF normalises before banning);
+    _merge_top  grid (N,): combines a row's chunk sums into its log-normaliser and its chunks' k
+                best into the row's k best, best first; equal values keep the lower column first
+                (as the CPU kernel, ``workers/csrc/decode_ops.cpp``).
+
+The bytes-moved floor of the step is reading the logits once (N x V x the dtype's size);
+``jobs/bench_gpu.py`` measures both against it. Log-probs are float32 whatever the logits' dtype.
+
+``TritonOps`` is the step backend a GPU decoder gets (``device_ops``): ATen's, with this
+``row_top``. The same kernels run on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``,
+set before this module is imported), which is how CI tests them (tests/workers/test_triton_ops.py).
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from torch import Tensor
+
+from workers.step_ops import ATEN, AtenOps
+
+logger = logging.getLogger(__name__)
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # (the CPU product never needs it: the ATen row_top serves every device)
+    triton = None
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+MAX_CANDIDATES = 4096  # chunks x k merged by one program: the block size grows with k to stay under it
+
+if triton is not None:
+    @triton.jit
+    def _chunk_top(logits, stride, v, skip, chunk_max, chunk_sum, top_val, top_col, chunks,
+                   K: tl.constexpr, BLOCK: tl.constexpr):
+        row, chunk = tl.program_id(0), tl.program_id(1)
+        cols = chunk * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,)
+        inside = cols < v
+        x = tl.load(logits + row.to(tl.int64) * stride + cols, mask=inside, other=float("-inf")).to(tl.float32)
+        big = tl.max(x, axis=0)
+        total = tl.sum(tl.where(inside & (x > float("-inf")), tl.exp(x - big), 0.0), axis=0)
+        at = row * chunks + chunk
+        tl.store(chunk_max + at, big)
+        tl.store(chunk_sum + at, total)
+        y = tl.where(cols == skip, float("-inf"), x)  # <pad>: in the normaliser, never a candidate
+        lanes = tl.arange(0, BLOCK)
+        for i in tl.static_range(K):  # k rounds of arg-max, each taking the best left out
+            best, where = tl.max(y, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            tl.store(top_val + at * K + i, best)
+            tl.store(top_col + at * K + i, chunk * BLOCK + where)
+            y = tl.where(lanes == where, float("-inf"), y)
+
+    @triton.jit
+    def _merge_top(chunk_max, chunk_sum, top_val, top_col, out_val, out_col, chunks, fill,
+                   K: tl.constexpr, CHUNKS: tl.constexpr, CANDIDATES: tl.constexpr):
+        row = tl.program_id(0)
+        c = tl.arange(0, CHUNKS)
+        inside = c < chunks
+        m = tl.load(chunk_max + row * chunks + c, mask=inside, other=float("-inf"))  # (CHUNKS,)
+        s = tl.load(chunk_sum + row * chunks + c, mask=inside, other=0.0)
+        big = tl.max(m, axis=0)
+        norm = big + tl.log(tl.sum(tl.where(m > float("-inf"), s * tl.exp(m - big), 0.0), axis=0))
+        j = tl.arange(0, CANDIDATES)  # every chunk's k best, chunk by chunk: lower columns first
+        have = j < chunks * K
+        val = tl.load(top_val + row * chunks * K + j, mask=have, other=float("-inf"))
+        col = tl.load(top_col + row * chunks * K + j, mask=have, other=0)
+        for i in tl.static_range(K):
+            best, where = tl.max(val, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            picked = tl.sum(tl.where(j == where, col, 0), axis=0)
+            tl.store(out_val + row * K + i, best - norm)
+            tl.store(out_col + row * K + i, tl.where(best > float("-inf"), picked, fill))
+            val = tl.where(j == where, float("-inf"), val)
+
+
+def available() -> bool:
+    """Whether the kernels can run here: Triton imports, and a GPU (or the interpreter) runs them."""
+    return triton is not None and (INTERPRETED or torch.cuda.is_available())
+
+
+def block_size(v: int, k: int) -> int:
+    """Columns per program: 2048, or more where chunks x k would pass ``MAX_CANDIDATES``."""
+    block = 2048
+    while triton.cdiv(v, block) * k > MAX_CANDIDATES:
+        block *= 2
+    return block
+
+
+def row_top_log_softmax(logits: Tensor, k: int, skip: int = -1) -> tuple[Tensor, Tensor]:
+    """logits (N, V), any float dtype, unit column stride -> (log_probs (N, k) float32, columns (N, k)
+    int64), best first; column ``skip`` (or -1) in the normaliser, never a candidate. Slots no column
+    fills (k > V - 1, or -inf logits) hold -inf and ``skip`` (0 when there is none)."""
+    n, v = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    k = min(k, v)
+    block = block_size(v, k)
+    chunks = triton.cdiv(v, block)
+    dev = logits.device
+    chunk_max = torch.empty((n, chunks), dtype=torch.float32, device=dev)
+    chunk_sum = torch.empty((n, chunks), dtype=torch.float32, device=dev)
+    top_val = torch.empty((n, chunks, k), dtype=torch.float32, device=dev)
+    top_col = torch.empty((n, chunks, k), dtype=torch.int64, device=dev)
+    out_val = torch.empty((n, k), dtype=torch.float32, device=dev)
+    out_col = torch.empty((n, k), dtype=torch.int64, device=dev)
+    if n == 0:
+        return out_val, out_col
+    _chunk_top[(n, chunks)](logits, logits.stride(0), v, skip, chunk_max, chunk_sum, top_val, top_col, chunks,
+                            K=k, BLOCK=block)
+    _merge_top[(n,)](chunk_max, chunk_sum, top_val, top_col, out_val, out_col, chunks, skip if 0 <= skip < v else 0,
+                     K=k, CHUNKS=triton.next_power_of_2(chunks), CANDIDATES=triton.next_power_of_2(chunks * k))
+    return out_val, out_col
+
+
+class TritonOps(AtenOps):
+    """ATen's operators with the fused Triton ``row_top``: the GPU decoder's backend."""
+
+    def row_top(self, logits: Tensor, num: int, skip: int) -> tuple[Tensor, Tensor]:
+        if logits.device.type != "cuda" and not INTERPRETED:
+            return ATEN.row_top(logits, num, skip)
+        return row_top_log_softmax(logits, num, skip)
+
+
+def device_ops(device: torch.device) -> AtenOps:
+    """The step backend of a decoder on ``device`` other than the CPU (the CPU's is set by
+    ``workers/speedups.py``): ``TritonOps`` where Triton runs, else ATen's (and the log says so)."""
+    if device.type == "cuda" and available():
+        return TritonOps()
+    if device.type == "cuda":
+        logger.info("Triton is not importable here: the output step runs ATen's log_softmax + topk")
+    return ATEN
