@@ -161,6 +161,27 @@ def test_cross_attention_equals_the_sentence_grid(ops) -> None:
                             cache.source_lengths, 1.0)
 
 
+@pytest.mark.parametrize("d", [8, 32, 64, 128])
+def test_cross_attention_rows_of_one_sentence_share_a_pass(ops, d) -> None:
+    """Runs of rows of one sentence (a beam; runs longer than the kernel's group of 16; a sentence
+    split in two runs) over its first lengths[j] source positions, with lengths or an additive bias."""
+    gen = torch.Generator().manual_seed(d)
+    layers, b, h, s = 2, 4, 3, 11
+    lengths = torch.tensor([11, 1, 5, 8])
+    sentence = torch.tensor([0] * 20 + [2, 2, 1, 3, 3, 3, 2])  # 20 > 16 rows in a run; sentence 2 twice
+    k, v = torch.randn(layers, b, h, s, d, generator=gen), torch.randn(layers, b, h, s, d, generator=gen)
+    q = torch.randn(len(sentence), h * d, generator=gen)
+    bias = torch.where(torch.arange(s)[None, :] < lengths[:, None], 0.0, float("-inf"))  # (B, S)
+    bias = bias[:, None, None, :].expand(b, h, 1, s).contiguous()
+    for layer in range(layers):
+        keys, values = k[layer][sentence], v[layer][sentence]  # (N, H, S, D)
+        scores = q.view(-1, h, 1, d) @ keys.transpose(-1, -2) * d ** -0.5 + bias[sentence]  # (N, H, 1, S)
+        want = (torch.softmax(scores, -1) @ values).reshape(len(sentence), h * d)
+        got = ops.cross_attention(q, k, v, layer, None, sentence, lengths, d ** -0.5)
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+        assert torch.equal(ops.cross_attention(q, k, v, layer, bias, sentence, None, d ** -0.5), got)
+
+
 def test_decoding_falls_back_to_aten_where_the_operators_cannot_be_built(tmp_path, demo_model_dir) -> None:
     probe = ("import logging, sys; logging.basicConfig(level=logging.WARNING)\n"
              "from workers.native import load\n"

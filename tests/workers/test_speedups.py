@@ -15,7 +15,7 @@ import torch
 
 from workers.config import SearchConfig
 from workers.shortlist import LexicalTable, Shortlist
-from workers.speedups import EXACT, CpuSpeedups, Int8Linear, PackedLinear, onednn_available
+from workers.speedups import EXACT, CpuSpeedups, Int8Linear, PackedLinear, amx_int8, onednn_available
 from workers.translator import Translator
 from tests.pipeline.ray_helpers import clean_corpus
 
@@ -110,6 +110,23 @@ def test_int8_linear_is_the_quantised_module_call() -> None:
             dtype=torch.qint8)[0]
     torch.testing.assert_close(Int8Linear.from_weight(linear.weight, None)(x), quantized_from(x), atol=1e-6, rtol=0)
     torch.testing.assert_close(Int8Linear.from_weight(linear.weight, None)(x), linear(x), atol=0.05, rtol=0.05)
+
+
+def test_int8_linear_takes_the_amx_kernels_only_for_large_products() -> None:
+    """Small products (a decoder step's few rows) run FBGEMM's kernels, large ones oneDNN's AMX
+    kernels where the CPU has them; both quantise the same int8 weight and stay close to float."""
+    gen = torch.Generator().manual_seed(3)
+    linear = torch.nn.Linear(512, 2048)
+    layer = Int8Linear.from_weight(linear.weight, linear.bias)
+    assert (layer.amx is not None) == amx_int8()
+    small, large = torch.randn(2, 512, generator=gen), torch.randn(160, 512, generator=gen)
+    for x in (small, large):
+        torch.testing.assert_close(layer(x), linear(x), atol=0.05, rtol=0.05)
+    assert torch.equal(layer(small), torch.ops.quantized.linear_dynamic(small, layer.packed, True))
+    if layer.amx is not None:
+        assert 2 < layer.amx_rows <= 160  # 24M multiply-adds: 23 rows of 512 x 2048
+        assert torch.equal(layer(large), torch.ops.quantized.linear_dynamic(large, layer.amx, False))
+        assert not torch.equal(layer(large), torch.ops.quantized.linear_dynamic(large, layer.packed, True))
 
 
 @needs_onednn

@@ -30,6 +30,7 @@ namespace {
 
 using Vec = at::vec::Vectorized<float>;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int kRowGroup = 16;  // cross-attention: at most this many rows of one sentence share a pass
 
 // Insert (value, index) into best/where (descending, length k) if it beats the last entry;
 // an equal value keeps the earlier index first.
@@ -113,6 +114,22 @@ inline void attend(const float* q, const float* const* keys, const float* const*
   }
   const float inv = 1.f / sum;
   int64_t i = 0;
+  constexpr int64_t V = Vec::size();
+  for (; i + 4 * V <= d; i += 4 * V) {  // four independent accumulator chains (one chain waits on each fmadd)
+    Vec a0(0.f), a1(0.f), a2(0.f), a3(0.f);
+    for (int64_t t = 0; t < len; ++t) {
+      const Vec p(scores[t]);
+      const float* v = vals[t] + i;
+      a0 = at::vec::fmadd(p, Vec::loadu(v), a0);
+      a1 = at::vec::fmadd(p, Vec::loadu(v + V), a1);
+      a2 = at::vec::fmadd(p, Vec::loadu(v + 2 * V), a2);
+      a3 = at::vec::fmadd(p, Vec::loadu(v + 3 * V), a3);
+    }
+    (a0 * Vec(inv)).store(out + i);
+    (a1 * Vec(inv)).store(out + i + V);
+    (a2 * Vec(inv)).store(out + i + 2 * V);
+    (a3 * Vec(inv)).store(out + i + 3 * V);
+  }
   for (; i + Vec::size() <= d; i += Vec::size()) {
     Vec acc(0.f);
     for (int64_t t = 0; t < len; ++t) acc = at::vec::fmadd(Vec(scores[t]), Vec::loadu(vals[t] + i), acc);
@@ -122,6 +139,52 @@ inline void attend(const float* q, const float* const* keys, const float* const*
     float acc = 0.f;
     for (int64_t t = 0; t < len; ++t) acc += scores[t] * vals[t][i];
     out[i] = acc * inv;
+  }
+}
+
+// The rows q[0..g) of one sentence over its source keys/values (len x DV vectors each, contiguous),
+// per head: each key and value is loaded once for all g rows. Per row the same sums in the same
+// order as ``attend``, so the results are equal bit for bit.
+template <int DV>
+void attend_rows(const float* const* q, int g, const float* keys, const float* vals, const float* bias, int64_t len,
+                 float scale, float* scores, float* const* out) {
+  constexpr int64_t V = Vec::size(), D = DV * Vec::size();
+  for (int64_t t = 0; t < len; ++t) {
+    Vec key[DV];
+    for (int c = 0; c < DV; ++c) key[c] = Vec::loadu(keys + t * D + c * V);
+    for (int i = 0; i < g; ++i) {
+      Vec acc(0.f);
+      for (int c = 0; c < DV; ++c) acc = at::vec::fmadd(Vec::loadu(q[i] + c * V), key[c], acc);
+      scores[i * len + t] = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc) * scale +
+                            (bias ? bias[t] : 0.f);
+    }
+  }
+  float inv[kRowGroup];
+  for (int i = 0; i < g; ++i) {
+    float* row = scores + i * len;
+    float max = kNegInf, sum = 0.f;
+    for (int64_t t = 0; t < len; ++t) max = std::max(max, row[t]);
+    for (int64_t t = 0; t < len; ++t) {
+      row[t] = std::exp(row[t] - max);
+      sum += row[t];
+    }
+    inv[i] = 1.f / sum;
+  }
+  for (int i0 = 0; i0 < g; i0 += 4) {  // four rows' D-vectors of accumulators at a time
+    const int m = std::min(4, g - i0);
+    Vec acc[4][DV];
+    for (int i = 0; i < 4; ++i)
+      for (int c = 0; c < DV; ++c) acc[i][c] = Vec(0.f);
+    for (int64_t t = 0; t < len; ++t) {
+      Vec val[DV];
+      for (int c = 0; c < DV; ++c) val[c] = Vec::loadu(vals + t * D + c * V);
+      for (int i = 0; i < m; ++i) {
+        const Vec p(scores[(i0 + i) * len + t]);
+        for (int c = 0; c < DV; ++c) acc[i][c] = at::vec::fmadd(p, val[c], acc[i][c]);
+      }
+    }
+    for (int i = 0; i < m; ++i)
+      for (int c = 0; c < DV; ++c) (acc[i][c] * Vec(inv[i0 + i])).store(out[i0 + i] + c * V);
   }
 }
 
@@ -261,6 +324,34 @@ at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& cross_k, const
   const float *kp = cross_k.data_ptr<float>() + layer * b * h * s * d, *vp = cross_v.data_ptr<float>() + layer * b * h * s * d;
   float* op = out.data_ptr<float>();
   const int64_t q_stride = q.stride(0);
+  const int64_t dv = d % Vec::size() == 0 ? d / Vec::size() : 0;
+  if (dv == 2 || dv == 4 || dv == 8) {  // rows of one sentence side by side (a beam): one pass over its K/V
+    std::vector<std::pair<int64_t, int>> groups;  // (first row, rows)
+    for (int64_t r = 0; r < n; ++r) {
+      if (!groups.empty() && sp[groups.back().first] == sp[r] && groups.back().second < kRowGroup) ++groups.back().second;
+      else groups.emplace_back(r, 1);
+    }
+    const int64_t ng = static_cast<int64_t>(groups.size());
+    at::parallel_for(0, ng * h, std::max<int64_t>(1, 1024 / (s * d)), [&](int64_t begin, int64_t end) {
+      std::vector<float> scores(kRowGroup * s);
+      const float* qs[kRowGroup];
+      float* outs[kRowGroup];
+      for (int64_t task = begin; task < end; ++task) {
+        const auto [first, g] = groups[task / h];
+        const int64_t head = task % h, j = sp[first], len = lp ? lp[j] : s, at = (j * h + head) * s * d;
+        for (int i = 0; i < g; ++i) {
+          qs[i] = qp + (first + i) * q_stride + head * d;
+          outs[i] = op + (first + i) * h * d + head * d;
+        }
+        const float* bias_row = bp ? bp + (j * h + head) * s : nullptr;
+        const float scale_f = static_cast<float>(scale);
+        if (dv == 2) attend_rows<2>(qs, g, kp + at, vp + at, bias_row, len, scale_f, scores.data(), outs);
+        else if (dv == 4) attend_rows<4>(qs, g, kp + at, vp + at, bias_row, len, scale_f, scores.data(), outs);
+        else attend_rows<8>(qs, g, kp + at, vp + at, bias_row, len, scale_f, scores.data(), outs);
+      }
+    });
+    return out;
+  }
   at::parallel_for(0, n * h, std::max<int64_t>(1, 4096 / (s * d)), [&](int64_t begin, int64_t end) {
     std::vector<float> scores(s);
     std::vector<const float*> keys(s), vals(s);
