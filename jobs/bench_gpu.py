@@ -219,7 +219,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hf-batches", default="32,128,512")
     p.add_argument("--capacities", default="128,512,1024", help="ours: top-up capacities in sentences")
     p.add_argument("--device", default="auto")
-    p.add_argument("--bf16", action="store_true", help="ours and HF in bfloat16 (log-softmax and scores stay float32)")
+    half = p.add_mutually_exclusive_group()
+    half.add_argument("--bf16", action="store_true", help="ours and HF in bfloat16 (log-softmax and scores stay float32)")
+    half.add_argument("--fp16", action="store_true", help="ours and HF in float16 (log-softmax and scores stay float32)")
     p.add_argument("--tables", default="peers,batching,topup,search,output",
                    help="peers (ours vs HF); the seeds' tables: batching, topup, search; output (the output step alone)")
     p.add_argument("--batching-beams", default="5,50", help="beams of the seeds' batching tables")
@@ -238,9 +240,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     device = resolve_device(args.device)
-    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    half = CpuSpeedups(bf16=args.bf16, fp16=args.fp16)
+    dtype = half.dtype
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    speedups = CpuSpeedups(bf16=args.bf16) if device.type == "cuda" else EXACT
+    speedups = half if device.type == "cuda" else replace(EXACT, bf16=args.bf16, fp16=args.fp16)
     translator = Translator.load(args.model, device=device, speedups=speedups)
     ours, hf = ours_runner(translator), hf_runner(args.model, device, dtype)
     graphed = ours_runner(translator, static=True)

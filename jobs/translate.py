@@ -92,10 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shortlist-m", type=int, default=10,
                    help="top translations kept per source token (10: the fastest within 0.3 BLEU, reports/shortlist-multi30k.md)")
     g.add_argument("--shortlist-n", type=int, default=100, help="most frequent target tokens always kept")
-    p.add_argument("--int8", action="store_true", help="int8 dynamic quantisation of the linear layers (CPU; "
-                   "measured in reports/peers-*.md: faster, BLEU within quantisation noise)")
-    p.add_argument("--bf16", action="store_true", help="bfloat16 weights and activations (instead of --int8; "
-                   "fast where the CPU has AVX512-BF16/AMX, BLEU within noise)")
+    precision = p.add_mutually_exclusive_group()  # alternatives: float32 (default), int8, bf16 or fp16
+    precision.add_argument("--int8", action="store_true", help="int8 dynamic quantisation of the linear layers (CPU; "
+                           "measured in reports/peers-*.md: faster, BLEU within quantisation noise)")
+    precision.add_argument("--bf16", action="store_true", help="bfloat16 weights and activations (instead of --int8; "
+                           "fast where the CPU has AVX512-BF16/AMX, BLEU within noise)")
+    precision.add_argument("--fp16", action="store_true", help="float16 weights and activations (for GPUs without bf16: "
+                           "T4, V100; log-softmax and scores stay float32)")
     p.add_argument("--no-speedups", action="store_true", help="plain torch layers: no fused QKV, no oneDNN packing")
     p.add_argument("--device", type=device_name, metavar="{auto,cpu,cuda,cuda:N}",
                    help="where each decoder decodes (default: cuda with --gpus-per-decoder, else cpu). A GPU that "
@@ -168,8 +171,8 @@ def load_shortlist_for(args: argparse.Namespace, translator: Translator):
 
 def speedups_of(args: argparse.Namespace) -> CpuSpeedups:
     if args.no_speedups:
-        return CpuSpeedups(int8=args.int8, bf16=args.bf16)
-    return replace(EXACT, int8=args.int8, bf16=args.bf16)
+        return CpuSpeedups(int8=args.int8, bf16=args.bf16, fp16=args.fp16)
+    return replace(EXACT, int8=args.int8, bf16=args.bf16, fp16=args.fp16)
 
 
 def device_name(text: str) -> str:
@@ -186,7 +189,7 @@ def device_of(args: argparse.Namespace) -> str:
 def signature(args: argparse.Namespace, cfg: SearchConfig) -> str:
     return f"model:{args.model}|{cfg.signature()}|batching:{args.batching}" + (
         f"|shortlist:{args.shortlist}:{args.shortlist_m}:{args.shortlist_n}" if args.shortlist else "") + (
-        "|int8" if args.int8 else "") + ("|bf16" if args.bf16 else "")
+        "|int8" if args.int8 else "") + ("|bf16" if args.bf16 else "") + ("|fp16" if args.fp16 else "")
 
 
 def single_file(url: str) -> bool:

@@ -21,6 +21,9 @@
   ``onednn`` is on); log-softmax and scores stay float32. The alternative to ``int8`` (not both);
   also the GPU path's dtype. Measured on this AVX512-BF16 CPU: ~1.2x over float32 at beam 5,
   BLEU within noise (+0.04 on 320 Multi30k lines, 302/320 identical).
+* ``fp16``: float16 weights and activations instead, for GPUs without bf16 (T4, V100); log-softmax
+  and scores stay float32. It runs on the CPU too (ATen's kernels, no oneDNN packing), slowly:
+  that is where CI tests it.
 * ``native``: the fused C++ decode-step operators of ``workers/native.py`` as the model's step
   backend (``workers.step_ops.NativeOps``: log-softmax + top-k bit-equal to ATen's; one-query self-
   and cross-attention, float32 to ~1e-6), built on first use; float32 activations only (bf16 steps
@@ -62,14 +65,21 @@ class CpuSpeedups:
     warm_heap: bool = False
     bf16: bool = False
     native: bool = False
+    fp16: bool = False
 
     def __post_init__(self) -> None:
-        if self.int8 and self.bf16:
-            raise ValueError("int8 and bf16 are alternatives: choose one")
+        if self.int8 + self.bf16 + self.fp16 > 1:
+            raise ValueError("int8, bf16 and fp16 are alternatives: choose one")
 
     def signature(self) -> str:
-        on = [name for name in ("fused_qkv", "onednn", "native", "int8", "bf16", "warm_heap") if getattr(self, name)]
+        on = [name for name in ("fused_qkv", "onednn", "native", "int8", "bf16", "fp16", "warm_heap")
+              if getattr(self, name)]
         return "+".join(on) or "none"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' and activations' dtype these options give (int8 layers take float32 in and out)."""
+        return torch.bfloat16 if self.bf16 else torch.float16 if self.fp16 else torch.float32
 
 
 EXACT = CpuSpeedups(fused_qkv=True, onednn=True, warm_heap=True, native=True)  # the default: float32 outputs (up to summation order)
@@ -258,14 +268,14 @@ def apply_speedups(model: MarianModel, opts: CpuSpeedups) -> MarianModel:
         logger.warning("this C library has no glibc mallopt: warm_heap speed-up skipped")
     if opts.fused_qkv:
         fuse_qkv(model)
-    if opts.bf16:
-        model.to(torch.bfloat16)
+    if opts.dtype != torch.float32:
+        model.to(opts.dtype)
     if opts.int8:
         quantize_int8(model)
     if opts.native and next(model.parameters()).device.type == "cpu":
         kernels = load_native()  # None where they cannot be built: the ATen operators decode
         model.model.decoder.ops = NativeOps(kernels) if kernels is not None else ATEN
-    if opts.onednn and next(model.parameters()).device.type == "cpu":
+    if opts.onednn and next(model.parameters()).device.type == "cpu" and not opts.fp16:  # (no fp16 packing)
         if onednn_available():
             pack_onednn(model)
         else:

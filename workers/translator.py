@@ -64,11 +64,11 @@ class Translator:
         if device.type == "cpu":
             apply_speedups(checkpoint.model, speedups)
         else:
-            if speedups.bf16:  # the one rewrite that is a dtype, not a CPU kernel
-                checkpoint.model.to(torch.bfloat16)
+            if speedups.dtype != torch.float32:  # the one rewrite that is a dtype, not a CPU kernel
+                checkpoint.model.to(speedups.dtype)
             from workers.triton_ops import device_ops  # (imports Triton: only where a GPU may decode)
             checkpoint.model.model.decoder.ops = device_ops(device)  # the fused Triton output step on a GPU
-            if replace(speedups, bf16=False) != CpuSpeedups():
+            if replace(speedups, bf16=False, fp16=False) != CpuSpeedups():
                 logger.info("CPU speed-ups (%s) skipped on %s", speedups.signature(), device)
         return cls(checkpoint, max_batch_size=max_batch_size)
 

@@ -48,14 +48,15 @@ def test_float32_on_cuda_translates_as_on_the_cpu(cpu, cuda, policy):
     assert cuda.checkpoint.model.device.type == "cuda"
 
 
-def test_bf16_bleu_within_half_a_point_of_float32(cpu, demo_model_dir):
+@pytest.mark.parametrize("opts, dtype", [(CpuSpeedups(bf16=True), torch.bfloat16), (CpuSpeedups(fp16=True), torch.float16)])
+def test_half_precision_bleu_within_half_a_point_of_float32(cpu, demo_model_dir, opts, dtype):
     src, ref = lines(500)
-    bf16 = Translator.load(str(demo_model_dir), device="cuda", speedups=CpuSpeedups(bf16=True))
-    assert next(bf16.checkpoint.model.parameters()).dtype == torch.bfloat16
+    half = Translator.load(str(demo_model_dir), device="cuda", speedups=opts)
+    assert next(half.checkpoint.model.parameters()).dtype == dtype
     cfg = SearchConfig(beam_size=5)
     base = sacrebleu.corpus_bleu([t.text for t in cpu.translate(src, cfg)], [ref]).score
-    half = sacrebleu.corpus_bleu([t.text for t in bf16.translate(src, cfg)], [ref]).score
-    assert abs(half - base) <= 0.5, (base, half)
+    score = sacrebleu.corpus_bleu([t.text for t in half.translate(src, cfg)], [ref]).score
+    assert abs(score - base) <= 0.5, (base, score)
 
 
 def test_one_readback_per_step_on_cuda(cuda):

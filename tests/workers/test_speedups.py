@@ -14,6 +14,7 @@ import sacrebleu
 import torch
 
 from workers.config import SearchConfig
+from workers.search import row_top_log_probs
 from workers.shortlist import LexicalTable, Shortlist
 from workers.speedups import EXACT, CpuSpeedups, Int8Linear, PackedLinear, amx_int8, onednn_available
 from workers.translator import Translator
@@ -145,3 +146,25 @@ def test_bf16_translates_close_to_float32_with_and_without_a_shortlist(demo_mode
     assert all(len(s) == 3 and all(math.isfinite(x) for x in s) for s in scores)
     with pytest.raises(ValueError, match="alternatives"):
         CpuSpeedups(int8=True, bf16=True)
+    with pytest.raises(ValueError, match="alternatives"):
+        CpuSpeedups(bf16=True, fp16=True)
+
+
+def test_fp16_translates_close_to_float32_with_float32_scores(demo_model_dir) -> None:
+    """float16 (the GPU dtype where bf16 is missing) on the CPU: ATen's kernels, no oneDNN packing;
+    log-probs and scores stay float32, so hypotheses score as float32 sums."""
+    texts, cfg = clean_corpus(24), SearchConfig(beam_size=3)
+    exact = Translator.load(str(demo_model_dir))
+    fp16 = Translator.load(str(demo_model_dir), speedups=replace(EXACT, fp16=True))
+    model = fp16.checkpoint.model
+    assert model.lm_head.weight.dtype == torch.float16 and type(model.model.decoder.layers[0].fc1) is torch.nn.Linear
+    assert sacrebleu.corpus_bleu(texts_of(fp16, texts, cfg), [texts_of(exact, texts, cfg)]).score > 60
+    hidden = torch.randn(3, model.config.d_model, generator=torch.Generator().manual_seed(0)).half()
+    logits, pad = model.project(hidden), model.config.pad_token_id
+    top = row_top_log_probs(logits, 4, pad, ops=model.ops)
+    assert logits.dtype == torch.float16 and top.log_probs.dtype == torch.float32  # the search reads float32
+    want = torch.log_softmax(logits.float(), -1).index_fill(1, torch.tensor([pad]), float("-inf")).topk(4).values
+    torch.testing.assert_close(top.log_probs, want)
+    hyps = fp16.translate_ids(fp16.encode(texts[:4]), cfg)
+    assert all(math.isfinite(h[0].log_prob) and h[0].score == h[0].score for h in hyps)
+    assert CpuSpeedups(fp16=True).dtype == torch.float16 and EXACT.dtype == torch.float32
