@@ -37,6 +37,7 @@ class SlotState:
     pool: Tensor
     pool_tokens: Tensor
     pruned: Tensor  # () running candidates discarded by pruning, summed (read once per decode)
+    done: Tensor  # (slots,) bool: finished on the device, not yet read back (the static step's deferred readback)
 
     @classmethod
     def empty(cls, slots: int, k: int, t_cap: int, pad: int, device: torch.device) -> "SlotState":
@@ -44,7 +45,7 @@ class SlotState:
         pool[..., SCORE] = NEG_INF
         return cls(torch.full((slots, k), NEG_INF, device=device), torch.full((slots * k,), pad, dtype=LONG, device=device),
                    pool, torch.full((slots, k, t_cap), pad, dtype=LONG, device=device),
-                   torch.zeros((), dtype=LONG, device=device))
+                   torch.zeros((), dtype=LONG, device=device), torch.zeros(slots, dtype=torch.bool, device=device))
 
     def admit(self, slots: Tensor, start: int) -> None:
         """Fresh sentences in ``slots`` (A,): one live beam at score 0 fed the start token, empty pools."""
@@ -54,6 +55,7 @@ class SlotState:
         self.pool[slots, :, SCORE] = NEG_INF
         self.pool[slots, :, LOG_PROB] = NEG_INF
         self.last[slots * k] = start
+        self.done[slots] = False
 
     def pool_summary(self, slots: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """What the stop test and pruning read of the planned slots' pools (B',): best raw log-prob

@@ -13,7 +13,8 @@ Each step, for the sentences the scheduler planned:
    choose candidates, finished ones merge into the device-side pools, beams are reordered by
    rewriting ancestry (``workers/beams.py``);
 3. one device-to-host copy (``Readback``) returns which sentences are done, the others' new widths
-   and the done sentences' hypotheses: **one host sync per step**, counted in ``DecodeStats.syncs``.
+   and the done sentences' hypotheses: **one host sync per step**, counted in ``DecodeStats.syncs``
+   (the static step, ``StaticStep``, may read back every few steps instead).
 
 A sentence's result does not depend on which others share its steps, so every policy returns what
 batch decoding returns (tests/workers/test_engine.py, test_stream.py).
@@ -97,15 +98,31 @@ class _Slot:
     max_length: int
 
 
+@dataclass(frozen=True, slots=True)
+class StaticStep:
+    """The one-shape step (issue 16): every slot's K rows run each step, over the full target and
+    source capacity, so a CUDA graph can capture it once and replay it. ``readback_every``: the
+    step's outcome is copied to the host every that many steps, not every step; in between, a
+    sentence that finished on the device is frozen there (its slot runs, changes nothing) until
+    the next readback frees its slot, and the host never waits on the device."""
+
+    readback_every: int = 1
+
+    def __post_init__(self) -> None:
+        if self.readback_every < 1:
+            raise ValueError(f"readback_every must be >= 1, got {self.readback_every}")
+
+
 class Engine:
     """Decodes lists of source ids under one search config and scheduler policy."""
 
     def __init__(self, model, search: SearchConfig, schedule: SchedulerConfig, *, forced_eos: bool = True,
-                 candidates: Tensor | None = None, stats: DecodeStats | None = None, static: bool = False) -> None:
-        """``static``: every step has one shape. Every slot's K rows run each step (rows not planned
-        write at a scratch position and keep their state), over the full target and source capacity:
-        the step a CUDA graph can capture and replay (issue 16). On the CPU it only costs; the tests
-        run it there against the dynamic step."""
+                 candidates: Tensor | None = None, stats: DecodeStats | None = None,
+                 static: StaticStep | None = None) -> None:
+        """``static``: every step has one shape (``StaticStep``). Every slot's K rows run each step
+        (rows not planned write at a scratch position and keep their state), over the full target
+        and source capacity: the step a CUDA graph can capture and replay. On the CPU it only
+        costs; the tests run it there against the dynamic step."""
         self.model, self.search, self.schedule, self.forced_eos = model, search, schedule, forced_eos
         self.candidates, self.static = candidates, static
         self.stats = stats if stats is not None else DecodeStats()
@@ -135,6 +152,7 @@ class Engine:
             self.stats.shortlist_sizes.append(int(self.candidates.numel()))
         self._free, self._slot, self._encoded = list(range(slots)), {}, {}  # _encoded: id -> memory (s, E)
         self._static_in = None  # the static step's index buffer (one per decode)
+        self._unread = 0  # static steps run since the last readback
         self._graph = GraphedStep() if self.static and dev.type == "cuda" else None
         scheduler = Scheduler(self.schedule, self.stats.scheduler)
         for i, src in enumerate(sources):
@@ -197,6 +215,8 @@ class Engine:
         length, generated, capped, planned = [scratch] * count, [1] * count, [0] * count, [0] * count
         for i in plan.expand:
             r, slot = requests[i], self._slot[i]
+            if r.length >= slot.max_length:  # ended at its cap on the device: awaits a readback
+                continue
             j = slot.index
             length[j], generated[j], planned[j] = r.length, r.length + 1, 1
             capped[j] = int(r.length + 1 >= slot.max_length)
@@ -211,8 +231,8 @@ class Engine:
                           packed[2 * n: 2 * n + count], packed[2 * n + count: 2 * n + 2 * count],
                           packed[n: 2 * n] if self.forced_eos else None, t=self.cache.max_length,
                           s=self.cache.cross_k.shape[3], shared=False, first=0,
-                          planned=packed[2 * n + 2 * count:], order=[self._slot[i].index for i in plan.expand],
-                          live_rows=sum(requests[i].width for i in plan.expand))
+                          planned=packed[2 * n + 2 * count:], order=list(range(count)),
+                          live_rows=sum(requests[i].width for i in plan.expand if planned[self._slot[i].index]))
 
     def _indices(self, plan: StepPlan, requests: dict[int, Request]) -> _StepIndex:
         """The step's indices, built on the host from what it already knows (each planned
@@ -252,11 +272,19 @@ class Engine:
         else:
             packed = self._device_step(ix)
         nbest, t = self.search.num_hypotheses, ix.t
+        if self.static:  # every slot is in the readback; it comes every ``readback_every`` steps
+            self._unread += 1
+            if self._unread < self.static.readback_every and ix.live_rows:
+                return StepOutput(), {}
+            self._unread = 0
+            sentences = [(i, slot.index) for i, slot in self._slot.items()]
+        else:
+            sentences = list(zip(plan.expand, ix.order))
         back = Readback.read(packed)  # the step's one device-to-host copy
         self.stats.syncs += 1
-        finished = tuple(i for i, j in zip(plan.expand, ix.order) if back.done[j])
-        hyps = {i: back.hypotheses(j, nbest, t - 1) for i, j in zip(plan.expand, ix.order) if back.done[j]}
-        widths = {i: back.widths[j] for i, j in zip(plan.expand, ix.order) if not back.done[j]}
+        finished = tuple(i for i, j in sentences if back.done[j])
+        hyps = {i: back.hypotheses(j, nbest, t - 1) for i, j in sentences if back.done[j]}
+        widths = {i: back.widths[j] for i, j in sentences if not back.done[j]}
         return StepOutput(finished, widths), hyps
 
     def _device_step(self, ix: _StepIndex) -> Tensor:
@@ -271,8 +299,9 @@ class Engine:
         running = st.running[slots]  # (B', K)
         cands, sel = score_step(logits, ix.grid, running, ix.at_max, ix.force, self.model.config, head=self._head,
                                 ops=self.model.ops)
-        if ix.planned is not None:  # static step: slots not planned finish nothing
-            sel = replace(sel, finished=sel.finished & ix.planned[:, None])
+        planned = None if ix.planned is None else ix.planned & ~st.done[slots]  # static: done ones stay frozen
+        if planned is not None:  # static step: slots not planned finish nothing
+            sel = replace(sel, finished=sel.finished & planned[:, None])
         norm = self._norm[ix.generated]  # (B',)
         if self.model.ops.may_any(sel.finished):  # (on the CPU: skipped when no candidate finished)
             st.add_finished(slots, cands, sel, ix.generated, norm, self._candidate_history(slots, cands, t))
@@ -285,9 +314,10 @@ class Engine:
             base = slots[:, None] * k  # (B', 1)
             dst = base + self._beams  # (B', K)
             source, new_last = base + cands.beams.gather(1, chosen), cands.tokens.gather(1, chosen)  # (B', K)
-            if ix.planned is not None:  # static step: slots not planned keep their beams
-                keep = ~ix.planned[:, None]
-                done = done & ix.planned
+            if planned is not None:  # static step: slots not planned keep their beams
+                keep = ~planned[:, None]
+                done = st.done[slots] | (done & planned)  # what a (deferred) readback reports
+                st.done[slots] = done
                 running = torch.where(keep, st.running[slots], running)
                 source, new_last = torch.where(keep, dst, source), torch.where(keep, st.last[dst], new_last)
             if k > 1:  # (one beam per sentence: nothing to reorder)

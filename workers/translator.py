@@ -13,7 +13,7 @@ import torch
 
 from workers.checkpoint import Checkpoint, Reader, load_checkpoint, local_reader
 from workers.config import SearchConfig
-from workers.engine import DecodeStats, Engine, batch_schedule
+from workers.engine import DecodeStats, Engine, StaticStep, batch_schedule
 from workers.scheduler import SchedulerConfig
 from workers.search import Hypothesis
 from workers.shortlist import Shortlist
@@ -92,7 +92,7 @@ class Translator:
 
     def decode_ids(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None = None,
                    batching: SchedulerConfig | None = None, *, stats: DecodeStats | None = None,
-                   static: bool = False) -> Decoded:
+                   static: StaticStep | None = None) -> Decoded:
         """Token ids -> hypotheses (input order) and the engine's counters of this call.
 
         Without ``batching``: batch decoding, the sources sorted by length into batches of
@@ -100,7 +100,7 @@ class Translator:
         ``shortlist``, over its own candidate set). With ``batching``: the engine under that policy
         over the length-sorted sources (one candidate set for the whole call). ``stats``: counters to
         add to (read live by the actors' time slices); a fresh ``DecodeStats`` by default. ``static``:
-        the engine's one-shape step (``Engine(static=True)``: a CUDA graph on a GPU).
+        the engine's one-shape step (``workers.engine.StaticStep``: a CUDA graph on a GPU).
         """
         stats = stats if stats is not None else DecodeStats()
         if batching is not None:
@@ -137,7 +137,7 @@ class Translator:
         return self.tuner
 
     def _decode_batch(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
-                      stats: DecodeStats, static: bool = False) -> list[list[Hypothesis]]:
+                      stats: DecodeStats, static: StaticStep | None = None) -> list[list[Hypothesis]]:
         """One batch; out of memory, it is split in halves and retried (and the tuner's cap lowered)."""
         try:
             return self._search(sources, cfg, shortlist, stats, static)
@@ -152,20 +152,20 @@ class Translator:
                     + self._decode_batch(sources[half:], cfg, shortlist, stats, static))
 
     def _engine(self, cfg: SearchConfig, shortlist: Shortlist | None, sources: list[list[int]],
-                batching: SchedulerConfig, stats: DecodeStats, static: bool = False) -> Engine:
+                batching: SchedulerConfig, stats: DecodeStats, static: StaticStep | None = None) -> Engine:
         model = self.checkpoint.model
         candidates = shortlist.candidates(sources).to(model.device) if shortlist else None
         return Engine(model, cfg, batching, forced_eos=self.forced_eos, candidates=candidates, stats=stats,
                       static=static)
 
     def _search(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
-                stats: DecodeStats, static: bool = False) -> list[list[Hypothesis]]:
+                stats: DecodeStats, static: StaticStep | None = None) -> list[list[Hypothesis]]:
         """One length-sorted batch, decoded to its end: the FIXED policy over exactly these sentences."""
         return self._engine(cfg, shortlist, sources, batch_schedule(len(sources), cfg.beam_size), stats,
                             static).decode(sources)
 
     def _stream(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
-                batching: SchedulerConfig, stats: DecodeStats, static: bool = False) -> list[list[Hypothesis]]:
+                batching: SchedulerConfig, stats: DecodeStats, static: StaticStep | None = None) -> list[list[Hypothesis]]:
         order = sorted(range(len(sources)), key=lambda i: len(sources[i])) if self.sort_by_length else list(range(len(sources)))
         hyps = self._engine(cfg, shortlist, sources, batching, stats, static).decode([sources[i] for i in order])
         out: list[list[Hypothesis]] = [[] for _ in sources]

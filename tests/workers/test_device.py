@@ -61,11 +61,11 @@ def test_load_places_the_model_and_keeps_the_cpu_rewrites_to_the_cpu(demo_model_
 
 
 def test_the_static_step_creates_every_tensor_on_the_models_device(translator):
-    from workers.engine import Engine
+    from workers.engine import Engine, StaticStep
 
     sources = translator.encode(TEXTS[:2] + TEXTS[3:])
     sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2, beam_size=3)
-    engine = Engine(translator.checkpoint.model, SearchConfig(beam_size=3), sched, static=True)
+    engine = Engine(translator.checkpoint.model, SearchConfig(beam_size=3), sched, static=StaticStep())
     expected = [h[0].tokens for h in engine.decode(sources)]
     with torch.device("meta"):
         assert [h[0].tokens for h in engine.decode(sources)] == expected

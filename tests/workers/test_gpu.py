@@ -78,17 +78,20 @@ def test_the_decoder_worker_decodes_on_its_gpu(demo_model_dir, tmp_path):
 
 
 def test_the_static_step_on_cuda_decodes_as_the_dynamic_one(cuda):
-    from workers.engine import Engine
+    from workers.engine import Engine, StaticStep
 
     src, _ = lines(96)
     sources = cuda.encode(src)
     sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=32, capacity=32, beam_size=5)
     model = cuda.checkpoint.model
     dynamic = Engine(model, SearchConfig(beam_size=5), sched).decode(sources)
-    engine = Engine(model, SearchConfig(beam_size=5), sched, static=True)
+    engine = Engine(model, SearchConfig(beam_size=5), sched, static=StaticStep())
     static = engine.decode(sources)
     assert engine._graph is not None and engine._graph.graph is not None  # captured, then replayed
     assert [h[0].tokens for h in static] == [h[0].tokens for h in dynamic]  # replay = eager, token for token
+    deferred = Engine(model, SearchConfig(beam_size=5), sched, static=StaticStep(readback_every=4))
+    assert [h[0].tokens for h in deferred.decode(sources)] == [h[0].tokens for h in dynamic]
+    assert deferred.stats.syncs <= deferred.stats.steps / 4 + 2
 
 
 def test_a_gpu_decoder_gets_the_fused_triton_output_step(cuda):

@@ -11,7 +11,7 @@ from workers.engine import beam_search
 from workers.model import MarianModel
 from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from workers.cache import KVCache
-from workers.engine import Engine
+from workers.engine import Engine, StaticStep
 from workers.native import load as load_native
 from workers.step_ops import NativeOps
 
@@ -141,7 +141,8 @@ def test_unfilled_self_attention_storage_is_never_read(model, sources, monkeypat
     (Policy.VAR_STREAM, CapacityUnit.SENTENCES, 6, "native"), (Policy.TOPUP, CapacityUnit.TOKENS, 40, "native")])
 def test_the_static_step_decodes_as_the_dynamic_one(model, sources, policy, unit, capacity, backend, monkeypatch):
     """One step shape (every slot's rows, full capacity: what a CUDA graph replays), run eagerly:
-    the same hypotheses as the dynamic step, under every policy, with pruning, and at beam 1."""
+    the same hypotheses as the dynamic step, under every policy, with pruning, and at beam 1; read
+    back every step, or every third (finished sentences frozen on the device until then)."""
     if backend == "native":
         kernels = load_native()
         if kernels is None:
@@ -152,6 +153,24 @@ def test_the_static_step_decodes_as_the_dynamic_one(model, sources, policy, unit
     pruned = replace(SEARCH, pruning=PruningConfig(rp=0.6))
     for cfg in (SEARCH, pruned, replace(SEARCH, beam_size=1, num_hypotheses=1)):
         dynamic = Engine(model, cfg, replace(sched, beam_size=cfg.beam_size)).decode(sources)
-        static = Engine(model, cfg, replace(sched, beam_size=cfg.beam_size), static=True)
+        static = Engine(model, cfg, replace(sched, beam_size=cfg.beam_size), static=StaticStep())
         assert same(static.decode(sources), dynamic)
         assert static.stats.syncs == static.stats.steps + cfg.pruning.active
+        deferred = Engine(model, cfg, replace(sched, beam_size=cfg.beam_size), static=StaticStep(readback_every=3))
+        assert same(deferred.decode(sources), dynamic)
+        reads = deferred.stats.syncs - cfg.pruning.active
+        assert abs(reads - deferred.stats.steps / 3) <= 2  # (earlier only when no sentence can run)
+
+
+def test_a_deferred_readback_comes_early_once_every_sentence_is_at_its_cap(model, sources):
+    """Readback every 50 steps, sentences capped at 3 tokens: the host knows they are all done after
+    their third step and reads back at once instead of running 47 frozen steps."""
+    cfg = replace(SEARCH, max_length_a=0.0, max_length_b=3)
+    sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=8, capacity=8, beam_size=cfg.beam_size)
+    dynamic = Engine(model, cfg, sched).decode(sources)
+    engine = Engine(model, cfg, sched, static=StaticStep(readback_every=50))
+    assert same(engine.decode(sources), dynamic)
+    assert all(len(h[0].tokens) <= 3 for h in dynamic)
+    assert engine.stats.steps <= 4 * len(sources) / 8 * 2  # (each batch: 3 steps + the readback's)
+    with pytest.raises(ValueError, match="readback_every"):
+        StaticStep(readback_every=0)
