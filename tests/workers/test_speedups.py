@@ -37,6 +37,24 @@ def test_packed_linear_equals_linear() -> None:
 
 
 @needs_onednn
+@pytest.mark.parametrize("post_op, act", [("none", lambda y: y), ("swish", torch.nn.functional.silu),
+                                          ("relu", torch.nn.functional.relu)])
+def test_packed_linear_runs_small_products_unpacked_and_large_ones_on_onednn(post_op, act) -> None:
+    """Under ``SMALL_WORK`` multiply-adds the plain ``F.linear`` (its post-op applied after), from
+    there oneDNN's packed kernel with the post-op fused: the same function either way."""
+    gen = torch.Generator().manual_seed(1)
+    linear = torch.nn.Linear(256, 1024)
+    layer = PackedLinear.of(linear, post_op)
+    assert layer.small_rows == -(-PackedLinear.SMALL_WORK // (256 * 1024))  # 31 rows
+    small, large = torch.randn(layer.small_rows - 1, 256, generator=gen), torch.randn(layer.small_rows, 256, generator=gen)
+    assert torch.equal(layer(small), act(torch.nn.functional.linear(small, linear.weight, linear.bias)))
+    packed = torch.ops.mkldnn._linear_pointwise(large, layer.packed, layer.bias, post_op, [], "")
+    assert torch.equal(layer(large), packed)
+    for x in (small, large):
+        torch.testing.assert_close(layer(x), act(linear(x)), atol=1e-5, rtol=1e-5)
+
+
+@needs_onednn
 def test_exact_speedups_keep_outputs_and_int8_stays_close(demo_model_dir) -> None:
     texts, cfg = clean_corpus(24), SearchConfig(beam_size=3)
     plain = Translator.load(str(demo_model_dir), speedups=CpuSpeedups())
