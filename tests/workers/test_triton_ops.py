@@ -109,3 +109,25 @@ def test_a_decode_with_the_fused_output_step_equals_atens(demo_model_dir, beam, 
     decoder.ops = ATEN
     assert got == [t.text for t in translator.translate(texts, cfg, shortlist)]
     assert triton_ops.device_ops(torch.device("cpu")) is ATEN  # the CPU's backend comes from workers/speedups.py
+
+
+@kernels
+def test_the_static_step_with_the_fused_output_step_decodes_as_atens_dynamic_one(demo_model_dir):
+    """The one-shape step a CUDA graph replays (every slot's rows, forced EOS at the caps, results
+    read back every other step) with the Triton output step: the dynamic ATen step's outputs."""
+    from workers.config import SearchConfig
+    from workers.engine import StaticStep
+    from workers.scheduler import Policy, SchedulerConfig
+    from workers.translator import Translator
+    translator = Translator.load(str(demo_model_dir), device=DEVICE)
+    decoder = translator.checkpoint.model.model.decoder
+    sources = translator.encode(["Ein Hund rennt über die Wiese.", "Eine Frau liest.", "Zwei Männer."])
+    cfg = SearchConfig(beam_size=2, num_hypotheses=2, max_length_a=0.0, max_length_b=6)
+    batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2, beam_size=2)
+    decoder.ops = ATEN
+    want = translator.decode_ids(sources, cfg, batching=batching).hypotheses
+    decoder.ops = triton_ops.TritonOps()
+    got = translator.decode_ids(sources, cfg, batching=batching, static=StaticStep(readback_every=2)).hypotheses
+    decoder.ops = ATEN
+    assert [[h.tokens for h in x] for x in got] == [[h.tokens for h in x] for x in want]
+    assert any(len(x[0].tokens) == 6 for x in want)  # (a cap is reached: forced EOS runs through the kernel)
