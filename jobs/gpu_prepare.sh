@@ -10,7 +10,7 @@ mkdir -p data-gpu/multi30k data-gpu/wmt22
 cp "$shared"/multi30k/test_2016_flickr.{de,en} data-gpu/multi30k/
 cp "$shared"/wmt22/generaltest2022.de-en.{src.de,ref.A.en} data-gpu/wmt22/
 if [ ! -s data-gpu/lex.s2t ]; then
-  python -m jobs.build_shortlist --model models/demo-de-en --source "$shared"/multi30k/train.de \
+  python3 -m jobs.build_shortlist --model models/demo-de-en --source "$shared"/multi30k/train.de \
     --target "$shared"/multi30k/train.en --output data-gpu/lex.s2t
 fi
 du -sh data-gpu
