@@ -24,6 +24,7 @@ The model interface the engine uses (``MarianModel``; the tests' scripted stub):
 """
 from __future__ import annotations
 
+import array
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -202,8 +203,10 @@ class Engine:
             self._encoded[i] = memory[row, : len(sources[i])]
 
     def _to_device(self, values: list[int]) -> Tensor:
-        """The step's host-built indices in one copy (through a pinned buffer on a GPU)."""
-        packed = torch.tensor(values, dtype=torch.long, device="cpu")
+        """The step's host-built indices in one copy (through a pinned buffer on a GPU). (Through an
+        ``array``: 3.5x faster than ``torch.tensor`` on a list of 2k ints.)"""
+        packed = torch.frombuffer(array.array("q", values), dtype=torch.long) if values else \
+            torch.empty(0, dtype=torch.long)
         if self._staging is not None:
             packed = self._staging[: packed.numel()].copy_(packed)
         return packed.to(self.model.device, non_blocking=True)
@@ -220,19 +223,17 @@ class Engine:
             j = slot.index
             length[j], generated[j], planned[j] = r.length, r.length + 1, 1
             capped[j] = int(r.length + 1 >= slot.max_length)
-        positions = [p for p in length for _ in range(k)]
-        row_capped = [c for c in capped for _ in range(k)]
-        packed = self._to_device(positions + row_capped + generated + capped + planned)
+        packed = self._to_device(length + generated + capped + planned)  # per slot: the rows expand on the device
         if self._static_in is None:
             self._static_in = torch.empty_like(packed)
         packed = self._static_in.copy_(packed)  # one buffer, so a captured step reads each step's values
-        n = count * k
-        return _StepIndex(self._all_rows, packed[:n], None, self._all_rows, self._all_slots,
-                          packed[2 * n: 2 * n + count], packed[2 * n + count: 2 * n + 2 * count],
-                          packed[n: 2 * n] if self.forced_eos else None, t=self.cache.max_length,
-                          s=self.cache.cross_k.shape[3], shared=False, first=0,
-                          planned=packed[2 * n + 2 * count:], order=list(range(count)),
-                          live_rows=sum(requests[i].width for i in plan.expand if planned[self._slot[i].index]))
+        c = count
+        return _StepIndex(self._all_rows, packed[:c], None, self._all_rows, self._all_slots, packed[c: 2 * c],
+                          packed[2 * c: 3 * c], packed[2 * c: 3 * c] if self.forced_eos else None,
+                          t=self.cache.max_length, s=self.cache.cross_k.shape[3], shared=False, first=0,
+                          planned=packed[3 * c:], order=list(range(count)),
+                          live_rows=sum(requests[i].width for i in plan.expand if planned[self._slot[i].index]),
+                          per_slot=k)
 
     def _indices(self, plan: StepPlan, requests: dict[int, Request]) -> _StepIndex:
         """The step's indices, built on the host from what it already knows (each planned
@@ -342,7 +343,8 @@ class _StepIndex:
     generated, at_max (B',) of the step's slots; force (N,) rows at their cap (None: no row is, or
     no forced EOS); planned (B',) bool, None when every slot of the step is planned (a static step
     runs them all). Host: t visible positions, s longest source, shared position, first slot when
-    consecutive (else -1), order (each planned sentence's row of the step), live_rows."""
+    consecutive (else -1), order (each planned sentence's row of the step), live_rows. The static
+    step sends positions and force per slot (``per_slot`` = K rows each); ``as_masks`` expands them."""
 
     rows: Tensor
     positions: Tensor
@@ -359,12 +361,17 @@ class _StepIndex:
     planned: Tensor | None
     order: list[int]
     live_rows: int
+    per_slot: int = 1  # > 1: positions and force hold one entry per slot, for that many rows each
 
     def as_masks(self) -> _StepIndex:
-        """at_max, force and planned as bool masks (they travel as int64 in the step's one copy; a
-        captured step converts them itself, from the buffer it reads)."""
-        as_bool = lambda x: None if x is None else x.bool()  # noqa: E731
-        return replace(self, at_max=self.at_max.bool(), force=as_bool(self.force), planned=as_bool(self.planned))
+        """at_max, force and planned as bool masks (they travel as int64 in the step's one copy), and
+        positions and force per row where they travelled per slot (``per_slot`` rows each): a
+        captured step does this itself, from the buffer it reads."""
+        def rows(x: Tensor | None) -> Tensor | None:
+            return x if x is None or self.per_slot == 1 else x[:, None].expand(-1, self.per_slot).reshape(-1)
+        return replace(self, positions=rows(self.positions), at_max=self.at_max.bool(),
+                       force=None if self.force is None else rows(self.force).bool(),
+                       planned=None if self.planned is None else self.planned.bool(), per_slot=1)
 
 
 def batch_schedule(sentences: int, beam_size: int) -> SchedulerConfig:
