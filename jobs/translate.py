@@ -44,6 +44,7 @@ from pipeline.storage import storage_options
 from pipeline.units import Columns, InputError
 from workers.config import FAST_PRUNING, PruningConfig, SearchConfig
 from workers.device import DeviceUnavailable
+from workers.engine import StaticStep
 from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from workers.speedups import EXACT, CpuSpeedups
 from workers.translator import Translator
@@ -87,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--capacity-unit", choices=[x.value for x in CapacityUnit], default="sentences",
                    help="what --capacity counts")
     g.add_argument("--flush-every", type=int, default=0, help="var-stream: expand all sentences every N steps")
+    g.add_argument("--static-step", type=int, default=0, metavar="N",
+                   help="the one-shape decoder step, captured once as a CUDA graph on a GPU and replayed, its "
+                        "results read back every N steps (0: the dynamic step). Same outputs; on the CPU it only costs")
     g = p.add_argument_group("shortlist vocabulary (Shi & Knight 2017); see jobs.build_shortlist")
     g.add_argument("--shortlist", help="lex.s2t (with its .freq) or CTranslate2 .vmap file")
     g.add_argument("--shortlist-m", type=int, default=10,
@@ -209,7 +213,8 @@ def pipeline_config(args: argparse.Namespace, cfg: SearchConfig) -> PipelineConf
         search=cfg, batching=scheduler_config(args), signature=signature(args, cfg), threads=args.threads,
         max_batch_size=args.max_batch_size, shortlist=args.shortlist and local_path(args.shortlist),
         shortlist_m=args.shortlist_m, shortlist_n=args.shortlist_n, evaluate=args.evaluate, tune_batch=args.tune_batch,
-        speedups=speedups_of(args), device=device_of(args))
+        speedups=speedups_of(args), device=device_of(args),
+        static=StaticStep(readback_every=args.static_step) if args.static_step else None)
     gpus = args.gpus_per_decoder or (1 if settings.device.startswith("cuda") and not args.in_process else 0)
     decoders = args.decoders
     if args.min_decoders is not None or args.max_decoders is not None:

@@ -31,7 +31,7 @@ from pipeline.units import Columns, WorkUnit, read_unit
 from workers.checkpoint import load_tokenizer
 from workers.config import SearchConfig
 from workers.device import DeviceUnavailable, resolve_device
-from workers.engine import DecodeStats
+from workers.engine import DecodeStats, StaticStep
 from workers.inputs import CleanText, clean_text, split_to_fit
 from workers.scheduler import SchedulerConfig
 from workers.speedups import EXACT, CpuSpeedups
@@ -58,6 +58,7 @@ class DecoderSettings:
     keep_reference: bool = False  # the reference column travels to the output (a distillation bitext's target)
     speedups: CpuSpeedups = EXACT  # CPU rewrites of the model (workers/speedups.py); applied on the CPU only
     device: str = "cpu"  # auto | cpu | cuda | cuda:N (workers/device.py); a Ray GPU actor's "cuda" is its own GPU
+    static: StaticStep | None = None  # the one-shape step (a CUDA graph on a GPU); None: the dynamic step
     plan: str | None = None  # the output's plan digest (pipeline/ledger.py): the unit files it commits carry it
     slice_s: float = 2.0  # stats over time: one slice of the live counters every this many seconds
 
@@ -192,7 +193,8 @@ class DecoderWorker:
             self.unit = {"name": unit.name, "rows": len(enc.rows), "source_tokens": enc.source_tokens,
                          "start_tokens": self.base.tokens}
         t0 = time.perf_counter()
-        decoded = tr.decode_ids(enc.pieces, self.settings.search, self.shortlist, self.settings.batching, stats=self.live)
+        decoded = tr.decode_ids(enc.pieces, self.settings.search, self.shortlist, self.settings.batching, stats=self.live,
+                                static=self.settings.static)
         hyps = decoded.hypotheses
         decode_s = time.perf_counter() - t0
         self.sampler.sample()  # the unit's last slice ends with its last step
