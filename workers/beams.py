@@ -85,15 +85,18 @@ class SlotState:
             tokens = torch.cat([self.pool_tokens[slots, :, :t], history], 1)  # (B', 2K, t')
             self.pool_tokens[slots, :, :t] = tokens.gather(1, order.expand(b, k, t))
 
-    def prune(self, cands: Candidates, sel: StepSelection, best_finished: Tensor, pruning: PruningConfig) -> Tensor:
+    def prune(self, cands: Candidates, sel: StepSelection, best_finished: Tensor, pruning: PruningConfig,
+              planned: Tensor | None = None) -> Tensor:
         """Running scores (B', K) with the candidates the heuristics discard set to -inf; the
-        discarded count is added to ``pruned`` on the device. best_finished (B',) raw log-prob."""
+        discarded count is added to ``pruned`` on the device. best_finished (B',) raw log-prob;
+        planned (B',) bool: the slots whose discards count (None: all; a static step runs others)."""
         running = sel.running_scores
         if not pruning.active:
             return running
         source_beam, word = cands.beams.gather(1, sel.running), cands.word_log_probs.gather(1, sel.running)  # (B', K)
         keep = keep_mask(RunningCandidates(running, word, source_beam, cands.scores[:, 0], best_finished), pruning)
-        self.pruned += (torch.isfinite(running) & ~keep).sum()
+        discarded = torch.isfinite(running) & ~keep  # (B', K)
+        self.pruned += (discarded if planned is None else discarded & planned[:, None]).sum()
         return running.masked_fill(~keep, NEG_INF)
 
 

@@ -307,7 +307,7 @@ class Engine:
         if self.model.ops.may_any(sel.finished):  # (on the CPU: skipped when no candidate finished)
             st.add_finished(slots, cands, sel, ix.generated, norm, self._candidate_history(slots, cands, t))
         best, worst, full = st.pool_summary(slots)
-        running = st.prune(cands, sel, best, self.search.pruning)
+        running = st.prune(cands, sel, best, self.search.pruning, planned)
         running, order = running.sort(dim=1, descending=True, stable=True)  # live beams first
         chosen = sel.running.gather(1, order)  # (B', K) candidate index of each new beam
         done = stop_mask(running[:, 0], ix.at_max, full, worst, norm, self.search.early_stopping)

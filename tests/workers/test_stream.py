@@ -152,10 +152,12 @@ def test_the_static_step_decodes_as_the_dynamic_one(model, sources, policy, unit
                             beam_size=SEARCH.beam_size, epsilon=1 / 3, flush_every=5)
     pruned = replace(SEARCH, pruning=PruningConfig(rp=0.6))
     for cfg in (SEARCH, pruned, replace(SEARCH, beam_size=1, num_hypotheses=1)):
-        dynamic = Engine(model, cfg, replace(sched, beam_size=cfg.beam_size)).decode(sources)
+        engine = Engine(model, cfg, replace(sched, beam_size=cfg.beam_size))
+        dynamic = engine.decode(sources)
         static = Engine(model, cfg, replace(sched, beam_size=cfg.beam_size), static=StaticStep())
         assert same(static.decode(sources), dynamic)
         assert static.stats.syncs == static.stats.steps + cfg.pruning.active
+        assert static.stats.pruned == engine.stats.pruned  # (slots not planned discard nothing that counts)
         deferred = Engine(model, cfg, replace(sched, beam_size=cfg.beam_size), static=StaticStep(readback_every=3))
         assert same(deferred.decode(sources), dynamic)
         reads = deferred.stats.syncs - cfg.pruning.active
