@@ -172,10 +172,10 @@ def copy_bandwidth(device: torch.device, mb: int = 512) -> float:
     return 2 * src.numel() / device_seconds(device, lambda: dst.copy_(src), 10)
 
 
-def output_step_rows(device: torch.device, vocab: int, row_counts: list[int], k: int = 10) -> list[dict]:
+def output_step_rows(device: torch.device, vocab: int, row_counts: list[int], k: int = 10) -> tuple[list[dict], float]:
     """The output step alone, (N, vocab) logits -> each row's k best log-probs: ATen (float32 copy,
     log_softmax, <pad> ban, topk) and the fused Triton kernels, float32 and bf16 logits, against the
-    floor of reading the logits once."""
+    floor of reading the logits once -> (rows, the device's copy bandwidth in bytes/s)."""
     from workers import triton_ops  # (imports Triton where it is installed)
 
     bandwidth = copy_bandwidth(device)

@@ -231,7 +231,7 @@ class Engine:
         return _StepIndex(self._all_rows, packed[:c], None, self._all_rows, self._all_slots, packed[c: 2 * c],
                           packed[2 * c: 3 * c], packed[2 * c: 3 * c] if self.forced_eos else None,
                           t=self.cache.max_length, s=self.cache.cross_k.shape[3], shared=False, first=0,
-                          planned=packed[3 * c:], order=list(range(count)),
+                          planned=packed[3 * c:], order=[],  # (its readback covers every slot: _step)
                           live_rows=sum(requests[i].width for i in plan.expand if planned[self._slot[i].index]),
                           per_slot=k)
 

@@ -107,6 +107,12 @@ def onednn_available() -> bool:
 _POST_FN = {"swish": lambda y: F.silu(y, inplace=True), "relu": lambda y: F.relu(y, inplace=True)}
 
 
+def rows_for(work: int, in_features: int, out_features: int) -> int:
+    """The fewest rows whose product with an (in, out) weight reaches ``work`` multiply-adds: where a
+    layer switches kernels (``PackedLinear``, ``Int8Linear``)."""
+    return -(-work // (in_features * out_features))
+
+
 class PackedLinear:
     """``y = x W^T + b`` with W prepacked once for oneDNN. x (..., in) -> (..., out); CPU, x in W's dtype.
 
@@ -130,7 +136,7 @@ class PackedLinear:
         self.bias = None if bias is None else bias.detach().to(weight.dtype).contiguous()
         self.post_op = post_op  # an activation oneDNN applies to the GEMM's output tile: "none", "swish", "relu"
         self.weight = weight
-        self.small_rows = -(-self.SMALL_WORK // (self.in_features * self.out_features))
+        self.small_rows = rows_for(self.SMALL_WORK, self.in_features, self.out_features)
 
     @classmethod
     def of(cls, linear: nn.Linear, post_op: str = "none") -> "PackedLinear":
@@ -231,7 +237,7 @@ class Int8Linear:
         if amx_int8():
             with _packing_for("onednn"):
                 self.amx = torch.ops.quantized.linear_prepack(weight, bias)
-            self.amx_rows = -(-self.AMX_MIN_WORK // (self.in_features * self.out_features))
+            self.amx_rows = rows_for(self.AMX_MIN_WORK, self.in_features, self.out_features)
 
     @classmethod
     def of(cls, quantized: nn.Module) -> "Int8Linear":
