@@ -1,7 +1,12 @@
 """Ours vs CTranslate2 vs HF generate: same model, input, beam, threads, in one process, interleaved.
 
 Each system is a ``translate(lines) -> list[str]`` callable built once (model loading and a
-warm-up batch excluded from timing). Runs go A B C A B C ... ``repeats`` times; throughput is
+warm-up batch excluded from timing). CTranslate2 is resident only during its own runs
+(``Ct2Translator``: loaded and warmed up before each, untimed, and released after): a live
+``ctranslate2.Translator`` in the process made every torch decoder in it ~20% slower (its thread
+pool idle, ours sleeping between parallel regions: idle CPU ticks during our run 1 -> ~150, as
+under ``OMP_WAIT_POLICY=PASSIVE``), which no user running one system per process sees. Runs go
+A B C A B C ... ``repeats`` times; throughput is
 target tokens (output pieces, re-tokenised with the model's target sentencepiece so every system
 is counted alike) per second, median and spread. Ratios within one run are the result.
 """
@@ -38,6 +43,15 @@ class PeerRun:
     outputs: list[str] = field(default_factory=list)
     rss_growth_mb: float = 0.0
 
+    def load(self, warmup: list[str]) -> None:
+        """Before a timed run: a system that is not kept resident (``Ct2Translator``) loads here and
+        translates ``warmup``."""
+        getattr(self.translate, "load", lambda _: None)(warmup)
+
+    def unload(self) -> None:
+        """After a timed run."""
+        getattr(self.translate, "unload", lambda: None)()
+
 
 def ours(translator: Translator, cfg: SearchConfig, shortlist: Shortlist | None = None,
          stats: DecodeStats | None = None) -> Translate:
@@ -45,26 +59,48 @@ def ours(translator: Translator, cfg: SearchConfig, shortlist: Shortlist | None 
     return lambda lines: [t.text for t in translator.translate(lines, cfg, shortlist, stats=stats)]
 
 
-def ctranslate2_system(model_dir: str, compute_type: str, threads: int, cfg: SearchConfig,
-                       translator: Translator, work_dir: str, max_batch_size: int = 32) -> Translate:
-    """Convert with ct2-transformers-converter, then translate source pieces + ``</s>`` as CT2's docs do
-    (``max_batch_size`` examples per batch: CTranslate2 sorts the input by length into batches)."""
-    import ctranslate2
+class Ct2Translator:
+    """CTranslate2 as a system: source pieces + ``</s>`` as CT2's docs do, ``max_batch_size`` examples
+    per batch (CTranslate2 sorts the input by length into batches). Its model is resident only
+    between ``load`` (which also translates a warm-up batch) and ``unload``, so its thread pool never
+    sits beside another system's run (module docstring)."""
 
+    def __init__(self, path: str, compute_type: str, threads: int, cfg: SearchConfig, translator: Translator,
+                 max_batch_size: int) -> None:
+        self.path, self.compute_type, self.threads, self.cfg = path, compute_type, threads, cfg
+        self.tok, self.max_batch_size = translator.checkpoint.tokenizer, max_batch_size
+        self._ct2 = None
+
+    def load(self, warmup: list[str] = ()) -> None:
+        import ctranslate2
+
+        if self._ct2 is None:
+            self._ct2 = ctranslate2.Translator(self.path, device="cpu", compute_type=self.compute_type,
+                                               intra_threads=self.threads, inter_threads=1)
+            if warmup:
+                self(list(warmup))
+
+    def unload(self) -> None:
+        self._ct2 = None  # (its thread pool goes with it)
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        self.load()
+        pieces = [self.tok.source_pieces(line) + ["</s>"] for line in lines]
+        results = self._ct2.translate_batch(pieces, beam_size=self.cfg.beam_size, length_penalty=self.cfg.length_penalty,
+                                            max_batch_size=self.max_batch_size,
+                                            max_decoding_length=self.cfg.max_decoding_length)
+        return [self.tok.decode([self.tok.target_vocab.get(p, self.tok.target_special.unk) for p in r.hypotheses[0]])
+                for r in results]
+
+
+def ctranslate2_system(model_dir: str, compute_type: str, threads: int, cfg: SearchConfig,
+                       translator: Translator, work_dir: str, max_batch_size: int = 32) -> Ct2Translator:
+    """Convert with ct2-transformers-converter (once per work dir), then a ``Ct2Translator``."""
     out = f"{work_dir}/ct2-{compute_type}"
     if not os.path.exists(f"{out}/model.bin"):
         subprocess.run([sys.executable, "-m", "ctranslate2.converters.transformers", "--model", model_dir,
                         "--output_dir", out, "--quantization", compute_type, "--force"], check=True, capture_output=True)
-    ct2 = ctranslate2.Translator(out, device="cpu", compute_type=compute_type, intra_threads=threads, inter_threads=1)
-    tok = translator.checkpoint.tokenizer
-
-    def translate(lines: list[str]) -> list[str]:
-        pieces = [tok.source_pieces(line) + ["</s>"] for line in lines]
-        results = ct2.translate_batch(pieces, beam_size=cfg.beam_size, length_penalty=cfg.length_penalty,
-                                      max_batch_size=max_batch_size, max_decoding_length=cfg.max_decoding_length)
-        return [tok.decode([tok.target_vocab.get(p, tok.target_special.unk) for p in r.hypotheses[0]])
-                for r in results]
-    return translate
+    return Ct2Translator(out, compute_type, threads, cfg, translator, max_batch_size)
 
 
 def hf_system(model_dir: str, cfg: SearchConfig, batch_size: int = 32) -> Translate:
@@ -98,13 +134,16 @@ def run(systems: list[PeerRun], lines: list[str], repeats: int, warmup_lines: in
     for system in systems:  # warm-up, excluded; peak-RSS growth is attributed to the first system reaching it
         before = peak_rss_mb()
         system.translate(lines[:warmup_lines])
+        system.unload()
         system.rss_growth_mb = peak_rss_mb() - before
     for _ in range(repeats):
         for system in systems:
             before = peak_rss_mb()
+            system.load(lines[:warmup_lines])
             start = time.perf_counter()
             system.outputs = system.translate(lines)
             system.seconds.append(time.perf_counter() - start)
+            system.unload()
             system.rss_growth_mb += peak_rss_mb() - before
             logger.info("%s: %.2fs", system.name, system.seconds[-1])
 

@@ -46,3 +46,23 @@ def test_flop_formula_by_hand():
     assert decoder_flops_per_row_step(cfg, 3, 2, output_size=10) == 128 + 32 + 64 + 48 + 128 + 80
     assert flops_per_target_token(cfg, source_length=3, target_length=4, fan_out=2) > \
         flops_per_target_token(cfg, source_length=3, target_length=4, fan_out=1)
+
+
+def test_ctranslate2_is_resident_only_during_its_own_runs(demo_model_dir, tmp_path):
+    """A live ctranslate2.Translator beside our decoder slowed ours ~20% (pipeline/bench_peers.py):
+    the bench loads CTranslate2 before each of its timed runs and releases it after."""
+    pytest.importorskip("ctranslate2")
+    from pipeline.bench_peers import PeerRun, ctranslate2_system, run
+    from workers.config import SearchConfig
+    from workers.translator import Translator
+
+    translator = Translator.load(str(demo_model_dir), threads=1)
+    ct2 = ctranslate2_system(str(demo_model_dir), "float32", 1, SearchConfig(beam_size=2), translator, str(tmp_path))
+    resident = []
+    ours = PeerRun("ours", lambda lines: resident.append(ct2._ct2 is not None) or [x.text for x in translator.translate(
+        lines, SearchConfig(beam_size=2))])
+    lines = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball."]
+    systems = [PeerRun("ct2", ct2), ours]
+    run(systems, lines, repeats=2, warmup_lines=1)
+    assert resident == [False, False, False] and ct2._ct2 is None  # never beside ours' runs (warm-up included)
+    assert systems[0].outputs == ours.outputs and len(systems[0].seconds) == 2
