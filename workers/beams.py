@@ -22,7 +22,7 @@ from torch import Tensor
 
 from workers.config import PruningConfig
 from workers.pruning import RunningCandidates, keep_mask
-from workers.search import NEG_INF, Candidates, Hypothesis, StepSelection
+from workers.search import NEG_INF, Candidates, GreedySelection, Hypothesis, StepSelection
 
 LONG = torch.long
 SCORE, LOG_PROB, LENGTH, TOKEN = range(4)  # the fields of a pool entry's ``pool`` record
@@ -84,6 +84,21 @@ class SlotState:
         if t:
             tokens = torch.cat([self.pool_tokens[slots, :, :t], history], 1)  # (B', 2K, t')
             self.pool_tokens[slots, :, :t] = tokens.gather(1, order.expand(b, k, t))
+
+    def greedy_update(self, slots: Tensor, sel: GreedySelection, generated: Tensor, norm: Tensor,
+                      history: Tensor | None) -> None:
+        """Beam 1 (slot j's one row is row j): the chosen tokens and scores become the running state;
+        ``history`` (B', t') given (some sentence is done): the finished ones' hypotheses enter their
+        one-entry pools (a done sentence without one keeps an empty pool). generated (B',); norm
+        (B',) float64 generated ** lp, the pool records as ``add_finished`` writes them."""
+        self.last[slots] = sel.tokens
+        self.running[slots, 0] = sel.scores
+        if history is None:
+            return
+        log_prob = sel.scores.masked_fill(~sel.finished, NEG_INF).double()  # (B',)
+        self.pool[slots, 0] = torch.stack([log_prob / norm, log_prob, generated.double(), sel.tokens.double()], 1)
+        if history.shape[1]:
+            self.pool_tokens[slots, 0, :history.shape[1]] = history
 
     def prune(self, cands: Candidates, sel: StepSelection, best_finished: Tensor, pruning: PruningConfig,
               planned: Tensor | None = None) -> Tensor:

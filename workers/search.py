@@ -127,6 +127,31 @@ def select_step(cands: Candidates, eos_id: int, at_max_length: Tensor, beam_size
     return StepSelection(running, running_scores, finished)
 
 
+@dataclass(frozen=True)
+class GreedySelection:
+    """Outcome of one beam-1 step, per sentence (B,): scores the cumulative log-prob with the
+    chosen token; tokens the chosen token; finished: it ends here as a hypothesis; done: the
+    sentence stops (finished, or no finite continuation is left)."""
+
+    scores: Tensor
+    tokens: Tensor
+    finished: Tensor
+    done: Tensor
+
+
+def greedy_select(top: RowTop, running: Tensor, at_max: Tensor, eos_id: int) -> GreedySelection:
+    """Beam 1: each sentence's best token (``top`` (B, M), M >= 1, one row per sentence) continues
+    or ends it. running (B,) cumulative log-probs; at_max (B,) sentences at their length cap.
+
+    Equal to ``select_step`` + the pools + ``stop_mask`` at K = 1 (tested): a finished best
+    candidate fills the one-entry pool, and the best running one, normalised at the same length
+    and never larger, cannot beat it, so HF's stop test ends the sentence: greedy decoding."""
+    scores, tokens = top.log_probs[:, 0] + running, top.tokens[:, 0]  # (B,)
+    live = torch.isfinite(scores)
+    ends = (tokens == eos_id) | at_max
+    return GreedySelection(scores, tokens, ends & live, ends | ~live)
+
+
 def length_normalize(score: float, length: int, length_penalty: float) -> float:
     return score / (length ** length_penalty)
 

@@ -298,3 +298,16 @@ def test_vectorised_stop_test_equals_is_done(early_stopping: bool, length_penalt
     expected = [bool(m) or not math.isfinite(b) or is_done(p, b, generated, length_penalty, early_stopping)
                 for p, b, m in zip(pools, best, at_max.tolist())]
     assert got.tolist() == expected
+
+
+def test_greedy_select_ends_on_eos_at_the_cap_or_without_a_finite_continuation():
+    """Beam 1 (the engine's greedy step; its equality with the K = 1 beam step on a real model is
+    tests/workers/test_stream.py's static-vs-dynamic test): sentence 0 continues, 1 picks EOS, 2 is
+    at its cap, 3 has only -inf left."""
+    from workers.search import RowTop, greedy_select
+
+    top = RowTop(torch.tensor([[-0.5], [-0.1], [-0.7], [float("-inf")]]), torch.tensor([[5], [0], [6], [7]]))
+    sel = greedy_select(top, torch.tensor([-1.0, -2.0, -3.0, -4.0]), torch.tensor([False, False, True, False]), eos_id=0)
+    assert sel.scores.tolist() == pytest.approx([-1.5, -2.1, -3.7, float("-inf")]) and sel.tokens.tolist() == [5, 0, 6, 7]
+    assert sel.finished.tolist() == [False, True, True, False]
+    assert sel.done.tolist() == [False, True, True, True]
