@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from workers.config import PruningConfig
+from workers.cache import KVCache
+from workers.config import PruningConfig, SearchConfig
 from workers.pruning import RunningCandidates, keep_mask
-from workers.search import NEG_INF, Candidates, GreedySelection, Hypothesis, StepSelection
+from workers.search import NEG_INF, Candidates, GreedySelection, Hypothesis, RowTop, StepSelection
 
 LONG = torch.long
 SCORE, LOG_PROB, LENGTH, TOKEN = range(4)  # the fields of a pool entry's ``pool`` record
@@ -99,6 +100,16 @@ class SlotState:
         self.pool[slots, 0] = torch.stack([log_prob / norm, log_prob, generated.double(), sel.tokens.double()], 1)
         if history.shape[1]:
             self.pool_tokens[slots, 0, :history.shape[1]] = history
+
+    def fused_step(self, kernel, top: RowTop, grid: Tensor | None, slots: Tensor, generated: Tensor, at_max: Tensor,
+                   norm: Tensor, cache: KVCache, t: int, search: SearchConfig, eos: int) -> Tensor:
+        """The whole step after the output layer in one native call (``workers/csrc/beam_step.cpp``,
+        the CPU's ``NativeOps.beam_kernel``; K > 1, no pruning): candidates, finished pools, stop
+        test, reorder, as the Python path computes them -> the packed readback (``Readback.gather``).
+        top (N, 2K) the run rows' best; norm the whole generated ** lp table (float64)."""
+        return kernel(top.log_probs.contiguous(), top.tokens.contiguous(), grid, slots, generated, at_max, norm,
+                      self.running, self.last, self.pool, self.pool_tokens, cache.ancestry, cache.tokens, t, eos,
+                      search.early_stopping, search.num_hypotheses)
 
     def prune(self, cands: Candidates, sel: StepSelection, best_finished: Tensor, pruning: PruningConfig,
               planned: Tensor | None = None) -> Tensor:

@@ -297,8 +297,15 @@ class Engine:
         at = cache.step_at(tokens, ix.rows, ix.positions, ix.grid_all, slots, t=t, s=ix.s, shared=ix.shared,
                            first=ix.first)
         logits = self.model.decode_step(tokens, at, cache, self._head)  # (N, V|C)
-        if k == 1 and ix.planned is None and not self.search.pruning.active:  # greedy: one row per slot
-            return self._greedy_update(logits, ix)
+        if ix.planned is None and not self.search.pruning.active:
+            if k == 1:  # greedy: one row per slot
+                return self._greedy_update(logits, ix)
+            if self.model.ops.beam_kernel is not None:  # the CPU's one-call beam step
+                mc = self.model.config
+                top = row_top_log_probs(logits, 2 * k, mc.pad_token_id, ix.force, mc.eos_token_id, self._head.ids,
+                                        self.model.ops, skip=self._head.skip)  # (N, 2K)
+                return st.fused_step(self.model.ops.beam_kernel, top, ix.grid, slots, ix.generated, ix.at_max,
+                                     self._norm, cache, t, self.search, mc.eos_token_id)
         running = st.running[slots]  # (B', K)
         cands, sel = score_step(logits, ix.grid, running, ix.at_max, ix.force, self.model.config, head=self._head,
                                 ops=self.model.ops)

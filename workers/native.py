@@ -1,4 +1,4 @@
-"""Native decode-step operators (``workers/csrc/decode_ops.cpp``), built on first use and cached.
+"""Native decode-step operators (``workers/csrc/*.cpp``), built on first use and cached.
 
 At decoding shapes a step's non-GEMM work is many small ATen calls, each paying dispatch and
 allocation; these three fuse the costliest chains (measured on this 2-core AVX512 VM, 160 rows):
@@ -9,6 +9,8 @@ allocation; these three fuse the costliest chains (measured on this 2-core AVX51
   and log); 4x faster at (160, 8001).
 * ``self_attention``: one query per row over the time-major self-attention cache; ~2x.
 * ``cross_attention``: one query per row over its sentence's cached source K/V; ~1.7x.
+* ``beam_step`` (``beam_step.cpp``): the whole beam-search step after the output layer (candidates,
+  finished pools, stop test, reorder, readback) for K > 1 in one call instead of ~50 ATen calls.
 
 The attention kernels sum in another order than MKL's batched GEMMs: float32 results equal to
 ~1e-6, as the oneDNN layers are. The extension is compiled for the instruction set ATen itself
@@ -41,7 +43,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "decode_ops.cpp")
+SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", name) for name in ("decode_ops.cpp", "beam_step.cpp")]
 ISA_FLAGS = {  # ATen's own per-capability compile flags (its CPU_CAPABILITY kernels)
     "AVX512": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
                "-mavx512dq", "-mfma"],
@@ -69,9 +71,12 @@ def _library() -> tuple[str, list[str], str]:
     """(extension name, compile flags, cached library path) for this source, ISA, torch and Python."""
     capability = torch.backends.cpu.get_cpu_capability()
     flags = ["-O3", "-fopenmp", *ISA_FLAGS.get(capability, [])]
-    with open(SOURCE, "rb") as f:
-        key = hashlib.sha256(b"\0".join([f.read(), " ".join(flags).encode(), torch.__version__.encode(),
-                                          platform.python_version().encode()])).hexdigest()[:16]
+    texts = []
+    for source in SOURCES:
+        with open(source, "rb") as f:
+            texts.append(f.read())
+    key = hashlib.sha256(b"\0".join([*texts, " ".join(flags).encode(), torch.__version__.encode(),
+                                      platform.python_version().encode()])).hexdigest()[:16]
     name = f"raymt_decode_ops_{capability.lower()}"
     return name, flags, os.path.join(_extensions_root(), "raymt", f"{name}-{key}.so")
 
@@ -85,7 +90,7 @@ def _build(name: str, flags: list[str], path: str) -> None:
     _remove_stale_builds(folder)
     private = tempfile.mkdtemp(prefix=f"{name}-build-", dir=folder)
     try:
-        built = cpp_build(name, [SOURCE], build_directory=private, verbose=False, is_python_module=False,
+        built = cpp_build(name, SOURCES, build_directory=private, verbose=False, is_python_module=False,
                           extra_cflags=flags, extra_ldflags=["-fopenmp"])
         os.replace(built if isinstance(built, str) else os.path.join(private, f"{name}.so"), path)
     finally:

@@ -47,6 +47,8 @@ class AtenOps:
         read mid-step)."""
         return bool(mask.any()) if mask.device.type == "cpu" else True
 
+    beam_kernel = None  # the fused beam step after the output layer (NativeOps: K > 1 on the CPU), or None
+
     def row_top(self, logits: Tensor, num: int, skip: int) -> tuple[Tensor, Tensor]:
         """logits (N, V|C) -> each row's ``num`` best log-probs and their columns (N, M); column ``skip``
         (``<pad>``, or -1) banned. One log-softmax (``<pad>`` in the normaliser, as HF), one top-k."""
@@ -110,6 +112,7 @@ class NativeOps(AtenOps):
 
     def __init__(self, kernels) -> None:
         self.kernels = kernels
+        self.beam_kernel = kernels.beam_step  # (workers/csrc/beam_step.cpp; used by workers/beams.py)
 
     def for_step(self, x: Tensor, cache: KVCache) -> AtenOps:
         usable = x.dtype == torch.float32 and x.device.type == "cpu" and cache.self_k.is_contiguous()
