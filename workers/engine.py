@@ -39,6 +39,7 @@ from workers.cache import KVCache
 from workers.config import SearchConfig
 from workers.scheduler import Policy, Request, Scheduler, SchedulerConfig, SchedulerStats, StepOutput, StepPlan
 from workers.graphs import GraphedStep, staging_buffer
+from workers.step_index import StepIndex
 from workers.search import Candidates, Hypothesis, greedy_select, row_top_log_probs, score_step
 
 
@@ -211,7 +212,7 @@ class Engine:
             packed = self._staging[: packed.numel()].copy_(packed)
         return packed.to(self.model.device, non_blocking=True)
 
-    def _static_indices(self, plan: StepPlan, requests: dict[int, Request]) -> _StepIndex:
+    def _static_indices(self, plan: StepPlan, requests: dict[int, Request]) -> StepIndex:
         """Every slot's K rows, every step: planned sentences at their length, the others at the
         scratch position (the cache's last), their state kept (``planned``)."""
         k, count, scratch = self.search.beam_size, self._all_slots.shape[0], self.cache.max_length - 1
@@ -228,14 +229,14 @@ class Engine:
             self._static_in = torch.empty_like(packed)
         packed = self._static_in.copy_(packed)  # one buffer, so a captured step reads each step's values
         c = count
-        return _StepIndex(self._all_rows, packed[:c], None, self._all_rows, self._all_slots, packed[c: 2 * c],
+        return StepIndex(self._all_rows, packed[:c], None, self._all_rows, self._all_slots, packed[c: 2 * c],
                           packed[2 * c: 3 * c], packed[2 * c: 3 * c] if self.forced_eos else None,
                           t=self.cache.max_length, s=self.cache.cross_k.shape[3], shared=False, first=0,
                           planned=packed[3 * c:], order=[],  # (its readback covers every slot: _step)
                           live_rows=sum(requests[i].width for i in plan.expand if planned[self._slot[i].index]),
                           per_slot=k)
 
-    def _indices(self, plan: StepPlan, requests: dict[int, Request]) -> _StepIndex:
+    def _indices(self, plan: StepPlan, requests: dict[int, Request]) -> StepIndex:
         """The step's indices, built on the host from what it already knows (each planned
         sentence's slot, live width and length) and copied over at once."""
         if self.static:
@@ -256,7 +257,7 @@ class Engine:
         packed = self._to_device(rows + positions + grid + slots + generated + at_max + (row_at_max if force else []))
         rows_t, positions_t, grid_t = packed[:n], packed[n: 2 * n], packed[2 * n: 3 * n]
         slots_t, generated_t, at_max_t = packed[3 * n: 3 * n + b], packed[3 * n + b: 3 * n + 2 * b], packed[3 * n + 2 * b:]
-        return _StepIndex(rows_t, positions_t, None if n == b * k else grid_t, grid_t, slots_t, generated_t,
+        return StepIndex(rows_t, positions_t, None if n == b * k else grid_t, grid_t, slots_t, generated_t,
                           at_max_t[:b], at_max_t[b:] if force else None,
                           t=max(generated), s=max(self._slot[i].source_length for i in plan.expand),
                           shared=min(generated) == max(generated),
@@ -288,7 +289,7 @@ class Engine:
         widths = {i: back.widths[j] for i, j in sentences if not back.done[j]}
         return StepOutput(finished, widths), hyps
 
-    def _device_step(self, ix: _StepIndex) -> Tensor:
+    def _device_step(self, ix: StepIndex) -> Tensor:
         """The step's device work, no read back: the model step, the search step, the pools, the
         reorder -> the packed readback (``Readback.gather``)."""
         k, st, cache, ix = self.search.beam_size, self.state, self.cache, ix.as_masks()
@@ -337,7 +338,7 @@ class Engine:
         return Readback.gather(st, slots, done, torch.isfinite(running).sum(1), self.search.num_hypotheses, t - 1,
                                results=self.model.ops.may_any(done))
 
-    def _greedy_update(self, logits: Tensor, ix: _StepIndex) -> Tensor:
+    def _greedy_update(self, logits: Tensor, ix: StepIndex) -> Tensor:
         """Beam 1's search step (``greedy_select``: the same outcome as the beam step at K = 1, in a
         third of its small operators) -> the packed readback."""
         mc, st, slots = self.model.config, self.state, ix.slots
@@ -355,44 +356,6 @@ class Engine:
         k = self.search.beam_size
         source = (slots[:, None] * k + cands.beams[:, :k]).view(-1) if k > 1 else slots  # (B'K,)
         return self.cache.history(source, t).view(slots.shape[0], k, t - 1)
-
-
-@dataclass(frozen=True, slots=True)
-class _StepIndex:
-    """One step's indices on the device: rows, positions (N,) of the run rows; grid (N,) their
-    (B' x K) entries, None when every entry runs (``grid_all``: the same, always given); slots,
-    generated, at_max (B',) of the step's slots; force (N,) rows at their cap (None: no row is, or
-    no forced EOS); planned (B',) bool, None when every slot of the step is planned (a static step
-    runs them all). Host: t visible positions, s longest source, shared position, first slot when
-    consecutive (else -1), order (each planned sentence's row of the step), live_rows. The static
-    step sends positions and force per slot (``per_slot`` = K rows each); ``as_masks`` expands them."""
-
-    rows: Tensor
-    positions: Tensor
-    grid: Tensor | None
-    grid_all: Tensor
-    slots: Tensor
-    generated: Tensor
-    at_max: Tensor
-    force: Tensor | None
-    t: int
-    s: int
-    shared: bool
-    first: int
-    planned: Tensor | None
-    order: list[int]
-    live_rows: int
-    per_slot: int = 1  # > 1: positions and force hold one entry per slot, for that many rows each
-
-    def as_masks(self) -> _StepIndex:
-        """at_max, force and planned as bool masks (they travel as int64 in the step's one copy), and
-        positions and force per row where they travelled per slot (``per_slot`` rows each): a
-        captured step does this itself, from the buffer it reads."""
-        def rows(x: Tensor | None) -> Tensor | None:
-            return x if x is None or self.per_slot == 1 else x[:, None].expand(-1, self.per_slot).reshape(-1)
-        return replace(self, positions=rows(self.positions), at_max=self.at_max.bool(),
-                       force=None if self.force is None else rows(self.force).bool(),
-                       planned=None if self.planned is None else self.planned.bool(), per_slot=1)
 
 
 def batch_schedule(sentences: int, beam_size: int) -> SchedulerConfig:
