@@ -2,7 +2,8 @@
 
 The decoder marks its phases with ``torch.profiler.record_function`` scopes: ``encoder`` (encoder
 and cross-attention K/V), ``decoder layers`` and ``output layer`` (inside each step),
-``cache reorder`` (beam reordering / dropping finished rows) and ``search loop`` (the whole step
+``cache reorder`` (beam reordering / dropping finished rows; on the CPU it runs inside the one-call
+native beam step, counted as search) and ``search loop`` (the whole step
 loop; its time outside the nested scopes is the search itself: log-softmax, top-k, finished
 pools, pruning, bookkeeping). One profiled run splits each phase's wall time into time inside ATen
 operators and the rest: Python and framework dispatch between them. Time outside every scope is
@@ -18,7 +19,7 @@ from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity, profile
 
 PHASES = ("encoder", "decoder layers", "output layer", "cache reorder", "search loop")
-LABELS = {"search loop": "search (log-softmax, top-k, pools, pruning, bookkeeping)",
+LABELS = {"search loop": "search (log-softmax, top-k, pools, pruning, bookkeeping; on the CPU the reorder too)",
           "other": "tokenise, batch, detokenise (outside the decoder)"}
 
 
