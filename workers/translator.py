@@ -100,9 +100,15 @@ class Translator:
         ``shortlist``, over its own candidate set). With ``batching``: the engine under that policy
         over the length-sorted sources (one candidate set for the whole call). ``stats``: counters to
         add to (read live by the actors' time slices); a fresh ``DecodeStats`` by default. ``static``:
-        the engine's one-shape step (``workers.engine.StaticStep``: a CUDA graph on a GPU).
+        the engine's one-shape step (``workers.engine.StaticStep``: a CUDA graph on a GPU); batch
+        decoding then runs its batches on one engine (without a shortlist or a tuner, whose batches
+        differ), one capture per call.
         """
         stats = stats if stats is not None else DecodeStats()
+        if batching is None and static is not None and shortlist is None and not self.tuner and self.sort_by_length:
+            # the same batches on one engine (FIXED: admit one, no refill until it is done), so the
+            # static step's CUDA graph is captured once per call, not once per batch
+            batching = batch_schedule(self.max_batch_size, cfg.beam_size)
         if batching is not None:
             return Decoded(self._stream(sources, cfg, shortlist, batching, stats, static), stats)
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))

@@ -69,3 +69,22 @@ def test_the_static_step_creates_every_tensor_on_the_models_device(translator):
     expected = [h[0].tokens for h in engine.decode(sources)]
     with torch.device("meta"):
         assert [h[0].tokens for h in engine.decode(sources)] == expected
+
+
+def test_batch_decoding_with_the_static_step_runs_its_batches_on_one_engine(translator, monkeypatch):
+    """A static step is captured once per engine on a GPU, so batch decoding with it runs every batch
+    (max_batch_size = 2 here: three batches) on one engine, and decodes exactly as batch decoding."""
+    from workers.engine import StaticStep
+
+    sources = translator.encode(TEXTS[:2] + TEXTS[3:] + ["Ein Mann fährt Fahrrad.", "Kinder spielen."])
+    cfg = SearchConfig(beam_size=3, num_hypotheses=2)
+    expected = translator.decode_ids(sources, cfg).hypotheses
+    built = []
+    make = translator._engine
+    monkeypatch.setattr(translator, "_engine", lambda *a, **k: built.append(1) or make(*a, **k))
+    got = translator.decode_ids(sources, cfg, static=StaticStep(readback_every=2)).hypotheses
+    assert [[h.tokens for h in x] for x in got] == [[h.tokens for h in x] for x in expected]
+    assert [h.score for x in got for h in x] == pytest.approx([h.score for x in expected for h in x], abs=1e-5)
+    assert len(built) == 1  # (the static step attends over the full capacity: equal scores to ~1e-7)
+    translator.decode_ids(sources, cfg)
+    assert len(built) == 4  # (without it: one engine per batch)
