@@ -86,12 +86,12 @@ class SlotState:
             tokens = torch.cat([self.pool_tokens[slots, :, :t], history], 1)  # (B', 2K, t')
             self.pool_tokens[slots, :, :t] = tokens.gather(1, order.expand(b, k, t))
 
-    def greedy_update(self, slots: Tensor, sel: GreedySelection, generated: Tensor, norm: Tensor,
+    def greedy_update(self, slots: Tensor, sel: GreedySelection, generated: Tensor, norm: Tensor | None,
                       history: Tensor | None) -> None:
         """Beam 1 (slot j's one row is row j): the chosen tokens and scores become the running state;
-        ``history`` (B', t') given (some sentence is done): the finished ones' hypotheses enter their
-        one-entry pools (a done sentence without one keeps an empty pool). generated (B',); norm
-        (B',) float64 generated ** lp, the pool records as ``add_finished`` writes them."""
+        ``history`` (B', t') and ``norm`` given (some sentence is done): the finished ones'
+        hypotheses enter their one-entry pools (a done sentence without one keeps an empty pool).
+        generated (B',); norm (B',) float64 generated ** lp, the records as ``add_finished`` writes them."""
         self.last[slots] = sel.tokens
         self.running[slots, 0] = sel.scores
         if history is None:

@@ -231,11 +231,11 @@ class Engine:
         packed = self._static_in.copy_(packed)  # one buffer, so a captured step reads each step's values
         c = count
         return StepIndex(self._all_rows, packed[:c], None, self._all_rows, self._all_slots, packed[c: 2 * c],
-                          packed[2 * c: 3 * c], packed[2 * c: 3 * c] if self.forced_eos else None,
-                          t=self.cache.max_length, s=self.cache.cross_k.shape[3], shared=False, first=0,
-                          planned=packed[3 * c:], order=[],  # (its readback covers every slot: _step)
-                          live_rows=sum(requests[i].width for i in plan.expand if planned[self._slot[i].index]),
-                          per_slot=k)
+                         packed[2 * c: 3 * c], packed[2 * c: 3 * c] if self.forced_eos else None,
+                         t=self.cache.max_length, s=self.cache.cross_k.shape[3], shared=False, first=0,
+                         planned=packed[3 * c:], order=[],  # (its readback covers every slot: _step)
+                         live_rows=sum(requests[i].width for i in plan.expand if planned[self._slot[i].index]),
+                         per_slot=k)
 
     def _indices(self, plan: StepPlan, requests: dict[int, Request]) -> StepIndex:
         """The step's indices, built on the host from what it already knows (each planned
@@ -259,11 +259,11 @@ class Engine:
         rows_t, positions_t, grid_t = packed[:n], packed[n: 2 * n], packed[2 * n: 3 * n]
         slots_t, generated_t, at_max_t = packed[3 * n: 3 * n + b], packed[3 * n + b: 3 * n + 2 * b], packed[3 * n + 2 * b:]
         return StepIndex(rows_t, positions_t, None if n == b * k else grid_t, grid_t, slots_t, generated_t,
-                          at_max_t[:b], at_max_t[b:] if force else None,
-                          t=max(generated), s=max(self._slot[i].source_length for i in plan.expand),
-                          shared=min(generated) == max(generated),
-                          first=slots[0] if slots == list(range(slots[0], slots[0] + b)) else -1,
-                          planned=None, order=list(range(b)), live_rows=n)
+                         at_max_t[:b], at_max_t[b:] if force else None,
+                         t=max(generated), s=max(self._slot[i].source_length for i in plan.expand),
+                         shared=min(generated) == max(generated),
+                         first=slots[0] if slots == list(range(slots[0], slots[0] + b)) else -1,
+                         planned=None, order=list(range(b)), live_rows=n)
 
     def _step(self, plan: StepPlan, requests: dict[int, Request]) -> tuple[StepOutput, dict[int, list[Hypothesis]]]:
         """One decoder step for the planned sentences -> (finished ids and the others' widths, the
@@ -348,7 +348,7 @@ class Engine:
         sel = greedy_select(top, st.running[slots, 0], ix.at_max, mc.eos_token_id)
         done = self.model.ops.may_any(sel.done)  # (on the CPU: pools written only when a sentence is done)
         history = self.cache.history(slots, ix.t) if done else None  # (B', t - 1)
-        st.greedy_update(slots, sel, ix.generated, self._norm[ix.generated], history)
+        st.greedy_update(slots, sel, ix.generated, self._norm[ix.generated] if done else None, history)
         return Readback.gather(st, slots, sel.done, (~sel.done).long(), 1, ix.t - 1, results=done)
 
     def _candidate_history(self, slots: Tensor, cands: Candidates, t: int) -> Tensor:

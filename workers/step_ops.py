@@ -36,6 +36,7 @@ class AtenOps:
     """ATen operators: any device and dtype."""
 
     in_place = False  # reads masked positions too: the cache must be zeroed where never written
+    beam_kernel = None  # the fused beam step after the output layer (NativeOps: K > 1 on the CPU), or None
 
     def for_step(self, x: Tensor, cache: KVCache) -> AtenOps:
         """The backend that serves this step (x (N, E))."""
@@ -46,8 +47,6 @@ class AtenOps:
         tensor is host memory), else True (unknown: the caller does the work, the device is never
         read mid-step)."""
         return bool(mask.any()) if mask.device.type == "cpu" else True
-
-    beam_kernel = None  # the fused beam step after the output layer (NativeOps: K > 1 on the CPU), or None
 
     def row_top(self, logits: Tensor, num: int, skip: int) -> tuple[Tensor, Tensor]:
         """logits (N, V|C) -> each row's ``num`` best log-probs and their columns (N, M); column ``skip``

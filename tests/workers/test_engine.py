@@ -423,7 +423,7 @@ def test_the_fused_native_beam_step_equals_the_python_step(beam_size, nbest, len
     sources = [(key, length) for key, length in enumerate((3, 1, 6, 2, 5, 4, 6))]
     candidates = torch.tensor([0, 2, 3, 5, 6, 8]) if shortlist else None  # (PAD = 8 among them)
     results, steps = [], []
-    for ops in (ATEN, NativeOps(native.kernels) if native.beam_kernel else native):
+    for ops in (ATEN, native):  # the Python step functions, then the one native call
         model, stats = ScriptedModel(probs, vocab, ops), DecodeStats()
         pad = model.config.pad_token_id
         src_ids = torch.full((len(sources), 6), pad, dtype=torch.long)
