@@ -104,12 +104,14 @@ class SlotState:
     def fused_step(self, kernel, top: RowTop, grid: Tensor | None, slots: Tensor, generated: Tensor, at_max: Tensor,
                    norm: Tensor, cache: KVCache, t: int, search: SearchConfig, eos: int) -> Tensor:
         """The whole step after the output layer in one native call (``workers/csrc/beam_step.cpp``,
-        the CPU's ``NativeOps.beam_kernel``; K > 1, no pruning): candidates, finished pools, stop
-        test, reorder, as the Python path computes them -> the packed readback (``Readback.gather``).
+        the CPU's ``NativeOps.beam_kernel``; K > 1): candidates, finished pools, pruning, stop test,
+        reorder, as the Python path computes them -> the packed readback (``Readback.gather``).
         top (N, 2K) the run rows' best; norm the whole generated ** lp table (float64)."""
+        p = search.pruning
         return kernel(top.log_probs.contiguous(), top.tokens.contiguous(), grid, slots, generated, at_max, norm,
                       self.running, self.last, self.pool, self.pool_tokens, cache.ancestry, cache.tokens, t, eos,
-                      search.early_stopping, search.num_hypotheses)
+                      search.early_stopping, search.num_hypotheses, p.rp, p.ap, p.rpl, p.mc, p.delta, p.early_stop,
+                      self.pruned)
 
     def prune(self, cands: Candidates, sel: StepSelection, best_finished: Tensor, pruning: PruningConfig,
               planned: Tensor | None = None) -> Tensor:

@@ -12,7 +12,7 @@ Each step, for the sentences the scheduler planned:
    share it; ``workers/cache.py``), then the pure search step functions (``workers/search.py``)
    choose candidates, finished ones merge into the device-side pools, beams are reordered by
    rewriting ancestry (``workers/beams.py``); beam 1 takes the greedy step (``greedy_select``), and
-   on the CPU a beam step without pruning is one native call (``workers/csrc/beam_step.cpp``);
+   on the CPU the beam step is one native call (``workers/csrc/beam_step.cpp``);
 3. one device-to-host copy (``Readback``) returns which sentences are done, the others' new widths
    and the done sentences' hypotheses: **one host sync per step**, counted in ``DecodeStats.syncs``
    (the static step, ``StaticStep``, may read back every few steps instead).
@@ -299,10 +299,10 @@ class Engine:
         at = cache.step_at(tokens, ix.rows, ix.positions, ix.grid_all, slots, t=t, s=ix.s, shared=ix.shared,
                            first=ix.first)
         logits = self.model.decode_step(tokens, at, cache, self._head)  # (N, V|C)
-        if ix.planned is None and not self.search.pruning.active:
-            if k == 1:  # greedy: one row per slot
+        if ix.planned is None:
+            if k == 1 and not self.search.pruning.active:  # greedy: one row per slot
                 return self._greedy_update(logits, ix)
-            if self.model.ops.beam_kernel is not None:  # the CPU's one-call beam step
+            if k > 1 and self.model.ops.beam_kernel is not None:  # the CPU's one-call beam step
                 mc = self.model.config
                 top = row_top_log_probs(logits, 2 * k, mc.pad_token_id, ix.force, mc.eos_token_id, self._head.ids,
                                         self.model.ops, skip=self._head.skip)  # (N, 2K)

@@ -4,7 +4,7 @@
 // the Python path runs as ~50 small ATen operators a step. Same arithmetic in the same precision
 // (float32 candidate sums, float64 normalised scores and stop test), so the outcome is the Python
 // path's; ties between equal scores go to the lower index (torch.topk leaves their order open).
-// Pruning and the static step stay on the Python path.
+// Pruning (workers/pruning.py's heuristics) runs here too; the static step stays on the Python path.
 // Dimension letters: N rows run, M best tokens per row, B planned slots, K beam, C = 2K
 // candidates, S slots, R = S x K rows, T target capacity, t visible positions.
 #include <ATen/ATen.h>
@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -22,9 +23,40 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 enum { kScore = 0, kLogProb = 1, kLength = 2, kToken = 3 };  // a pool record (beams.py)
 
 struct Candidate {
-  float score;
+  float score, word;  // cumulative log-prob, the new token's own log-prob
   int64_t beam, token;
 };
+
+struct Pruning {  // workers/config.PruningConfig; NaN / 0 = off
+  double rp, ap, rpl, delta;
+  int64_t mc;
+  bool early_stop;
+};
+
+// workers/pruning.keep_mask for one sentence's K running candidates (best first), in the Python
+// path's precisions: float32 thresholds against the step's best candidate, float64 against the
+// best finished hypothesis.
+void keep_mask(const float* score, const float* word, const int64_t* beam, int64_t k, float best, double best_finished,
+               const Pruning& p, bool* keep) {
+  float best_word = kNegInf;
+  for (int64_t i = 0; i < k; ++i)
+    if (std::isfinite(score[i])) best_word = std::max(best_word, word[i]);
+  for (int64_t i = 0; i < k; ++i) {
+    bool ok = std::isfinite(score[i]);
+    if (!std::isnan(p.rp)) ok = ok && score[i] > best + static_cast<float>(std::log(p.rp));
+    if (!std::isnan(p.ap)) ok = ok && score[i] > best - static_cast<float>(p.ap);
+    if (!std::isnan(p.rpl)) ok = ok && word[i] > best_word + static_cast<float>(std::log(p.rpl));
+    if (p.mc > 0) {
+      int64_t same = 0;
+      for (int64_t j = 0; j < i; ++j) same += beam[j] == beam[i] && std::isfinite(score[j]);
+      ok = ok && same < p.mc;
+    }
+    if (!std::isnan(p.delta))
+      ok = ok && static_cast<double>(score[i]) >= std::max(static_cast<double>(best), best_finished) - p.delta;
+    if (p.early_stop) ok = ok && static_cast<double>(score[i]) >= best_finished;
+    keep[i] = ok;
+  }
+}
 
 // The best `count` of `values` (descending; equal values: lower index first) -> their indices.
 void top_indices(const std::vector<float>& values, int64_t count, std::vector<int64_t>& out) {
@@ -42,13 +74,22 @@ void top_indices(const std::vector<float>& values, int64_t count, std::vector<in
 // each row's (B x K) entry, or undefined when row i is entry i; slots, generated (B,) int64;
 // at_max (B,) bool; norm (>= max generated + 1,) float64 generated ** length_penalty; state
 // (updated in place): running (S, K) float32, last (R,), pool (S, K, 4) float64, pool_tokens
-// (S, K, >= t - 1), ancestry and tokens (T, R) int64 (the cache's). -> the step's readback
-// (B, 2 [+ nbest * (4 + t - 1)]) int64, laid out as Readback.gather lays it out.
+// (S, K, >= t - 1), ancestry and tokens (T, R) int64 (the cache's); pruned () int64, the discarded
+// running candidates added to it. -> the step's readback (B, 2 [+ nbest * (4 + t - 1)]) int64,
+// laid out as Readback.gather lays it out.
 at::Tensor beam_step(const at::Tensor& top_lp, const at::Tensor& top_tok, const c10::optional<at::Tensor>& grid,
                      const at::Tensor& slots, const at::Tensor& generated, const at::Tensor& at_max,
                      const at::Tensor& norm, at::Tensor running, at::Tensor last, at::Tensor pool,
                      at::Tensor pool_tokens, at::Tensor ancestry, const at::Tensor& tokens, int64_t t,
-                     int64_t eos, bool early_stopping, int64_t nbest) {
+                     int64_t eos, bool early_stopping, int64_t nbest, c10::optional<double> rp,
+                     c10::optional<double> ap, c10::optional<double> rpl, c10::optional<int64_t> mc,
+                     c10::optional<double> delta, bool early_stop, at::Tensor pruned) {
+  const double off = std::numeric_limits<double>::quiet_NaN();
+  const Pruning pruning{rp.value_or(off), ap.value_or(off), rpl.value_or(off), delta.value_or(off), mc.value_or(0),
+                        early_stop};
+  const bool prune = rp || ap || rpl || mc || delta || early_stop;
+  TORCH_CHECK(pruned.scalar_type() == at::kLong && pruned.numel() == 1, "beam_step: pruned must be an int64 scalar");
+  int64_t discarded = 0;
   const int64_t n = top_lp.size(0), m = top_lp.size(1), b = slots.size(0), k = running.size(1), c = 2 * k;
   const int64_t rows_all = ancestry.size(1), tc = pool_tokens.size(2), th = t - 1;
   TORCH_CHECK(top_lp.scalar_type() == at::kFloat && top_tok.scalar_type() == at::kLong && top_lp.is_contiguous() &&
@@ -78,7 +119,9 @@ at::Tensor beam_step(const at::Tensor& top_lp, const at::Tensor& top_tok, const 
 
   std::vector<uint8_t> done(b);
   std::vector<int64_t> width(b), order, chosen, source_rows(k), new_last(k), saved(k * t);
-  std::vector<float> totals(k * m), live(c), new_running(k);
+  std::vector<float> totals(k * m), live(c), new_running(k), run_words(k);
+  std::vector<int64_t> run_beams(k), sorted_rank(k);
+  std::unique_ptr<bool[]> keep(new bool[k]);
   std::vector<Candidate> cands(c);
   std::vector<double> merged(2 * k * 4);
   std::vector<int64_t> merged_tokens(2 * k * std::max<int64_t>(th, 1)), rank(2 * k);
@@ -93,7 +136,7 @@ at::Tensor beam_step(const at::Tensor& top_lp, const at::Tensor& top_tok, const 
     top_indices(totals, c, order);
     for (int64_t i = 0; i < c; ++i) {
       const int64_t flat = order[i], beam = flat / m, r = row_of[j * k + beam];
-      cands[i] = {totals[flat], beam, r < 0 ? 0 : tok[r * m + flat % m]};
+      cands[i] = {totals[flat], r < 0 ? kNegInf : lp[r * m + flat % m], beam, r < 0 ? 0 : tok[r * m + flat % m]};
     }
     // select_step: the first K may finish; the best K that do not end keep running
     const double nrm = norm_p[gen_p[j]];
@@ -135,17 +178,38 @@ at::Tensor beam_step(const at::Tensor& top_lp, const at::Tensor& top_tok, const 
         std::copy(merged_tokens.data() + rank[i] * th, merged_tokens.data() + rank[i] * th + th, ptok + i * tc);
       }
     }
-    // pool_summary (its best finished log-prob is read by pruning only) + stop_mask
+    // pool_summary, then pruning (its survivors sorted best first, stable), then stop_mask
     const double worst = entries[(k - 1) * 4 + kScore];
     const bool full = std::isfinite(worst);
-    const float best = live[chosen[0]];
+    for (int64_t i = 0; i < k; ++i) new_running[i] = live[chosen[i]];
+    if (prune) {
+      double best_finished = -std::numeric_limits<double>::infinity();
+      for (int64_t i = 0; i < k; ++i) best_finished = std::max(best_finished, entries[i * 4 + kLogProb]);
+      for (int64_t i = 0; i < k; ++i) run_words[i] = cands[chosen[i]].word, run_beams[i] = cands[chosen[i]].beam;
+      keep_mask(new_running.data(), run_words.data(), run_beams.data(), k, cands[0].score, best_finished, pruning,
+                keep.get());
+      for (int64_t i = 0; i < k; ++i) {
+        if (keep[i]) continue;
+        discarded += std::isfinite(new_running[i]);
+        new_running[i] = kNegInf;
+      }
+      for (int64_t i = 0; i < k; ++i) sorted_rank[i] = i;
+      std::stable_sort(sorted_rank.begin(), sorted_rank.end(),
+                       [&](int64_t a, int64_t z) { return new_running[a] > new_running[z]; });
+      std::vector<float> scores_sorted(k);
+      std::vector<int64_t> chosen_sorted(k);
+      for (int64_t i = 0; i < k; ++i)
+        scores_sorted[i] = new_running[sorted_rank[i]], chosen_sorted[i] = chosen[sorted_rank[i]];
+      std::copy(scores_sorted.begin(), scores_sorted.end(), new_running.begin());
+      std::copy(chosen_sorted.begin(), chosen_sorted.end(), chosen.begin());
+    }
+    const float best = new_running[0];
     const bool beaten = static_cast<double>(best) / nrm <= worst;
     done[j] = max_p[j] || !std::isfinite(best) || (full && (beaten || early_stopping));
     // the reorder: row base + i continues candidate chosen[i]'s source beam (ancestry columns only)
     int64_t live_count = 0;
     for (int64_t i = 0; i < k; ++i) {
       const Candidate& cand = cands[chosen[i]];
-      new_running[i] = live[chosen[i]];
       source_rows[i] = base + cand.beam;
       new_last[i] = cand.token;
       live_count += std::isfinite(new_running[i]);
@@ -159,6 +223,7 @@ at::Tensor beam_step(const at::Tensor& top_lp, const at::Tensor& top_tok, const 
     }
     width[j] = live_count;
   }
+  if (discarded) pruned.add_(discarded);
   const bool any_done = std::any_of(done.begin(), done.end(), [](uint8_t d) { return d != 0; });
   const int64_t w = 2 + (any_done ? nbest * (4 + th) : 0);
   auto out = at::empty({b, w}, slots.options());
@@ -178,7 +243,8 @@ at::Tensor beam_step(const at::Tensor& top_lp, const at::Tensor& top_tok, const 
 TORCH_LIBRARY_FRAGMENT(raymt, m) {
   m.def("beam_step(Tensor top_lp, Tensor top_tok, Tensor? grid, Tensor slots, Tensor generated, Tensor at_max,"
         " Tensor norm, Tensor(a!) running, Tensor(b!) last, Tensor(c!) pool, Tensor(d!) pool_tokens,"
-        " Tensor(e!) ancestry, Tensor tokens, int t, int eos, bool early_stopping, int nbest) -> Tensor");
+        " Tensor(e!) ancestry, Tensor tokens, int t, int eos, bool early_stopping, int nbest, float? rp, float? ap,"
+        " float? rpl, int? mc, float? delta, bool early_stop, Tensor(f!) pruned) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(raymt, CPU, m) { m.impl("beam_step", &beam_step); }
