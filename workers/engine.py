@@ -41,7 +41,7 @@ from workers.config import SearchConfig
 from workers.scheduler import Policy, Request, Scheduler, SchedulerConfig, SchedulerStats, StepOutput, StepPlan
 from workers.graphs import GraphedStep, staging_buffer
 from workers.step_index import StepIndex
-from workers.search import Candidates, Hypothesis, greedy_select, row_top_log_probs, score_step
+from workers.search import Candidates, Hypothesis, RowTop, greedy_select, row_top_log_probs, score_step
 
 
 @dataclass
@@ -303,11 +303,9 @@ class Engine:
             if k == 1 and not self.search.pruning.active:  # greedy: one row per slot
                 return self._greedy_update(logits, ix)
             if k > 1 and self.model.ops.beam_kernel is not None:  # the CPU's one-call beam step
-                mc = self.model.config
-                top = row_top_log_probs(logits, 2 * k, mc.pad_token_id, ix.force, mc.eos_token_id, self._head.ids,
-                                        self.model.ops, skip=self._head.skip)  # (N, 2K)
-                return st.fused_step(self.model.ops.beam_kernel, top, ix.grid, slots, ix.generated, ix.at_max,
-                                     self._norm, cache, t, self.search, mc.eos_token_id)
+                return st.fused_step(self.model.ops.beam_kernel, self._row_top(logits, ix, 2 * k), ix.grid, slots,
+                                     ix.generated, ix.at_max, self._norm, cache, t, self.search,
+                                     self.model.config.eos_token_id)
         running = st.running[slots]  # (B', K)
         cands, sel = score_step(logits, ix.grid, running, ix.at_max, ix.force, self.model.config, head=self._head,
                                 ops=self.model.ops)
@@ -342,14 +340,19 @@ class Engine:
     def _greedy_update(self, logits: Tensor, ix: StepIndex) -> Tensor:
         """Beam 1's search step (``greedy_select``: the same outcome as the beam step at K = 1, in a
         third of its small operators) -> the packed readback."""
-        mc, st, slots = self.model.config, self.state, ix.slots
-        top = row_top_log_probs(logits, 1, mc.pad_token_id, ix.force, mc.eos_token_id, self._head.ids,
-                                self.model.ops, skip=self._head.skip)  # (B', 1)
-        sel = greedy_select(top, st.running[slots, 0], ix.at_max, mc.eos_token_id)
+        st, slots = self.state, ix.slots
+        sel = greedy_select(self._row_top(logits, ix, 1), st.running[slots, 0], ix.at_max,
+                            self.model.config.eos_token_id)
         done = self.model.ops.may_any(sel.done)  # (on the CPU: pools written only when a sentence is done)
         history = self.cache.history(slots, ix.t) if done else None  # (B', t - 1)
         st.greedy_update(slots, sel, ix.generated, self._norm[ix.generated] if done else None, history)
         return Readback.gather(st, slots, sel.done, (~sel.done).long(), 1, ix.t - 1, results=done)
+
+    def _row_top(self, logits: Tensor, ix: StepIndex, num: int) -> RowTop:
+        """Each run row's ``num`` best tokens and log-probs (N, num), ``<pad>`` banned, forced EOS applied."""
+        mc = self.model.config
+        return row_top_log_probs(logits, num, mc.pad_token_id, ix.force, mc.eos_token_id, self._head.ids,
+                                 self.model.ops, skip=self._head.skip)
 
     def _candidate_history(self, slots: Tensor, cands: Candidates, t: int) -> Tensor:
         """The first K candidates' (the only ones that may finish) source beams' tokens (B', K, t - 1)

@@ -120,7 +120,8 @@ at::Tensor beam_step(const at::Tensor& top_lp, const at::Tensor& top_tok, const 
   std::vector<uint8_t> done(b);
   std::vector<int64_t> width(b), order, chosen, source_rows(k), new_last(k), saved(k * t);
   std::vector<float> totals(k * m), live(c), new_running(k), run_words(k);
-  std::vector<int64_t> run_beams(k), sorted_rank(k);
+  std::vector<int64_t> run_beams(k), sorted_rank(k), chosen_sorted(k);
+  std::vector<float> scores_sorted(k);
   std::unique_ptr<bool[]> keep(new bool[k]);
   std::vector<Candidate> cands(c);
   std::vector<double> merged(2 * k * 4);
@@ -196,8 +197,6 @@ at::Tensor beam_step(const at::Tensor& top_lp, const at::Tensor& top_tok, const 
       for (int64_t i = 0; i < k; ++i) sorted_rank[i] = i;
       std::stable_sort(sorted_rank.begin(), sorted_rank.end(),
                        [&](int64_t a, int64_t z) { return new_running[a] > new_running[z]; });
-      std::vector<float> scores_sorted(k);
-      std::vector<int64_t> chosen_sorted(k);
       for (int64_t i = 0; i < k; ++i)
         scores_sorted[i] = new_running[sorted_rank[i]], chosen_sorted[i] = chosen[sorted_rank[i]];
       std::copy(scores_sorted.begin(), scores_sorted.end(), new_running.begin());
