@@ -1,14 +1,14 @@
-"""Ours vs CTranslate2 vs HF generate: same model, input, beam, threads, in one process, interleaved.
+"""Ours vs CTranslate2 vs HF generate: same model, input, beam, threads, interleaved.
 
 Each system is a ``translate(lines) -> list[str]`` callable built once (model loading and a
-warm-up batch excluded from timing). CTranslate2 is resident only during its own runs
-(``Ct2Translator``: loaded and warmed up before each, untimed, and released after): a live
-``ctranslate2.Translator`` in the process made every torch decoder in it ~20% slower (its thread
-pool idle, ours sleeping between parallel regions: idle CPU ticks during our run 1 -> ~150, as
-under ``OMP_WAIT_POLICY=PASSIVE``), which no user running one system per process sees. Runs go
-A B C A B C ... ``repeats`` times; throughput is
-target tokens (output pieces, re-tokenised with the model's target sentencepiece so every system
-is counted alike) per second, median and spread. Ratios within one run are the result.
+warm-up batch excluded from timing). CTranslate2 runs in a child process of its own that never
+imports torch (``pipeline.ct2_process``), started and warmed up before each of its timed runs,
+untimed, and ended after. Either library slows the other when both live in one process: a live
+``ctranslate2.Translator`` made our torch decoder ~20% slower (Intel Xeon; idle CPU ticks during
+our run 1 -> ~150, as under ``OMP_WAIT_POLICY=PASSIVE``), and a process where torch had run made
+CTranslate2 2.4x slower (AMD EPYC, ``pipeline/ct2_process.py``). No user runs both in one process.
+Runs go A B C A B C ... ``repeats`` times; throughput is target tokens (output pieces,
+re-tokenised with the model's target sentencepiece so every system is counted alike) per second, median and spread. Ratios within one run are the result.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from typing import Callable
 import sacrebleu
 import torch
 
+from pipeline.ct2_process import Ct2Process
 from workers.config import SearchConfig
 from workers.engine import DecodeStats
 from workers.shortlist import Shortlist
@@ -61,27 +62,27 @@ def ours(translator: Translator, cfg: SearchConfig, shortlist: Shortlist | None 
 
 class Ct2Translator:
     """CTranslate2 as a system: source pieces + ``</s>`` as CT2's docs do, ``max_batch_size`` examples
-    per batch (CTranslate2 sorts the input by length into batches). Its model is resident only
-    between ``load`` (which also translates a warm-up batch) and ``unload``, so its thread pool never
-    sits beside another system's run (module docstring)."""
+    per batch (CTranslate2 sorts the input by length into batches). It runs in a child process
+    without torch (``pipeline.ct2_process``) that lives only between ``load`` (which also translates
+    a warm-up batch) and ``unload`` (module docstring). The pickled pieces' round trip is inside its
+    timing: ~1 ms for 1000 lines."""
 
     def __init__(self, path: str, compute_type: str, threads: int, cfg: SearchConfig, translator: Translator,
                  max_batch_size: int) -> None:
         self.path, self.compute_type, self.threads, self.cfg = path, compute_type, threads, cfg
         self.tok, self.max_batch_size = translator.checkpoint.tokenizer, max_batch_size
-        self._ct2 = None
+        self._ct2: Ct2Process | None = None
 
     def load(self, warmup: list[str] = ()) -> None:
-        import ctranslate2
-
         if self._ct2 is None:
-            self._ct2 = ctranslate2.Translator(self.path, device="cpu", compute_type=self.compute_type,
-                                               intra_threads=self.threads, inter_threads=1)
+            self._ct2 = Ct2Process(self.path, self.compute_type, self.threads)
             if warmup:
                 self(list(warmup))
 
     def unload(self) -> None:
-        self._ct2 = None  # (its thread pool goes with it)
+        if self._ct2 is not None:
+            self._ct2.close()
+        self._ct2 = None
 
     def __call__(self, lines: list[str]) -> list[str]:
         self.load()
@@ -89,8 +90,8 @@ class Ct2Translator:
         results = self._ct2.translate_batch(pieces, beam_size=self.cfg.beam_size, length_penalty=self.cfg.length_penalty,
                                             max_batch_size=self.max_batch_size,
                                             max_decoding_length=self.cfg.max_decoding_length)
-        return [self.tok.decode([self.tok.target_vocab.get(p, self.tok.target_special.unk) for p in r.hypotheses[0]])
-                for r in results]
+        return [self.tok.decode([self.tok.target_vocab.get(p, self.tok.target_special.unk) for p in hyp])
+                for hyp in results]
 
 
 def ctranslate2_system(model_dir: str, compute_type: str, threads: int, cfg: SearchConfig,

@@ -49,8 +49,8 @@ def test_flop_formula_by_hand():
 
 
 def test_ctranslate2_is_resident_only_during_its_own_runs(demo_model_dir, tmp_path):
-    """A live ctranslate2.Translator beside our decoder slowed ours ~20% (pipeline/bench_peers.py):
-    the bench loads CTranslate2 before each of its timed runs and releases it after."""
+    """Either library slowed the other in one process (pipeline/bench_peers.py): the bench runs
+    CTranslate2 in a child process without torch, started before each of its timed runs and ended after."""
     pytest.importorskip("ctranslate2")
     from pipeline.bench_peers import PeerRun, ctranslate2_system, run
     from workers.config import SearchConfig
@@ -65,4 +65,7 @@ def test_ctranslate2_is_resident_only_during_its_own_runs(demo_model_dir, tmp_pa
     systems = [PeerRun("ct2", ct2), ours]
     run(systems, lines, repeats=2, warmup_lines=1)
     assert resident == [False, False, False] and ct2._ct2 is None  # never beside ours' runs (warm-up included)
+    ct2.load()
+    assert ct2._ct2.ready == {"torch_loaded": False}  # its process never imports torch
+    ct2.unload()
     assert systems[0].outputs == ours.outputs and len(systems[0].seconds) == 2
