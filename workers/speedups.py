@@ -41,6 +41,7 @@ layers have no gradients and do not save into a state dict.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ctypes
 import logging
 import warnings
@@ -113,6 +114,28 @@ def rows_for(work: int, in_features: int, out_features: int) -> int:
     return -(-work // (in_features * out_features))
 
 
+@functools.cache
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's ``vendor_id`` ("GenuineIntel", "AuthenticAMD", ...); "" where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
+def small_work() -> int:
+    """Below how many multiply-adds a float32 product runs MKL's unpacked ``F.linear`` rather than
+    oneDNN's prepacked kernel (``PackedLinear``), 2 threads, best of 3x200 calls:
+
+    * Intel Xeon (AMX): oneDNN's call costs ~10 us more (1 row of 256 x 768: 24 us against 11),
+      which a small product does not earn back: 8M (demo model beam 1, 120 lines: 0.47 -> 0.40 s).
+    * AMD EPYC (Zen 5): MKL is 2-3x slower than oneDNN from 4 rows on (256 x 768 at 20 rows: 103 us
+      against 56; 512 x 2048: 361 against 110) and wins only single rows of a small weight
+      (256 x 768: 14 us against 28; the 256 x 8001 output layer: 134 against 63): 250k."""
+    return 8_000_000 if cpu_vendor() == "GenuineIntel" else 250_000
+
+
 class PackedLinear:
     """``y = x W^T + b`` with W prepacked once for oneDNN. x (..., in) -> (..., out); CPU, x in W's dtype.
 
@@ -120,14 +143,12 @@ class PackedLinear:
     call is one attribute read and the kernel, without the module call machinery (measured ~5% of a
     greedy step on the demo model: 58 layers per step).
 
-    Products under ``SMALL_WORK`` multiply-adds (a greedy step's few rows) run torch's default
-    ``F.linear`` (MKL) on the unpacked weight instead: oneDNN's call costs ~10 us more (1 row of
-    256 x 768: 24 us against 11), which a small product does not earn back. Measured in-process,
-    120 Multi30k lines, float32: demo model beam 1 0.47 -> 0.40 s; beam 5 and the base model
-    (whose rows reach the threshold sooner) unchanged within noise. The float weight is kept beside
-    the packed one for it (the layers' float32 weights twice in memory: ~170 MB on the base model)."""
+    Products under ``SMALL_WORK`` multiply-adds run torch's default ``F.linear`` (MKL) on the
+    unpacked weight instead, where that is faster, which depends on the CPU (``small_work``): MKL
+    takes its fast small-GEMM paths on Intel CPUs only. The float weight is kept beside the packed
+    one for it (the layers' float32 weights twice in memory: ~170 MB on the base model)."""
 
-    SMALL_WORK = 8_000_000
+    SMALL_WORK = None  # None: ``small_work()`` for this CPU
 
     def __init__(self, weight: Tensor, bias: Tensor | None, post_op: str = "none") -> None:
         self.out_features, self.in_features = weight.shape
@@ -136,7 +157,8 @@ class PackedLinear:
         self.bias = None if bias is None else bias.detach().to(weight.dtype).contiguous()
         self.post_op = post_op  # an activation oneDNN applies to the GEMM's output tile: "none", "swish", "relu"
         self.weight = weight
-        self.small_rows = rows_for(self.SMALL_WORK, self.in_features, self.out_features)
+        self.small_rows = rows_for(small_work() if self.SMALL_WORK is None else self.SMALL_WORK, self.in_features,
+                                   self.out_features)
 
     @classmethod
     def of(cls, linear: nn.Linear, post_op: str = "none") -> "PackedLinear":
