@@ -300,12 +300,12 @@ class Engine:
                            first=ix.first)
         logits = self.model.decode_step(tokens, at, cache, self._head)  # (N, V|C)
         if ix.planned is None:
-            if k == 1 and not self.search.pruning.active:  # greedy: one row per slot
-                return self._greedy_update(logits, ix)
-            if k > 1 and self.model.ops.beam_kernel is not None:  # the CPU's one-call beam step
+            if self.model.ops.beam_kernel is not None:  # the CPU's one-call beam step (greedy included)
                 return st.fused_step(self.model.ops.beam_kernel, self._row_top(logits, ix, 2 * k), ix.grid, slots,
                                      ix.generated, ix.at_max, self._norm, cache, t, self.search,
                                      self.model.config.eos_token_id)
+            if k == 1 and not self.search.pruning.active:  # greedy: one row per slot
+                return self._greedy_update(logits, ix)
         running = st.running[slots]  # (B', K)
         cands, sel = score_step(logits, ix.grid, running, ix.at_max, ix.force, self.model.config, head=self._head,
                                 ops=self.model.ops)

@@ -25,6 +25,8 @@ def native_or_skip() -> NativeOps:
     (5, 1, 1.0, False, True, False, dict(rp=0.3)), (6, 2, 0.6, False, True, False, dict(ap=1.0, rpl=0.2)),
     (6, 3, 1.0, False, False, True, dict(mc=1)), (5, 2, 0.0, False, True, False, dict(delta=1.5, early_stop=True)),
     (4, 1, 1.0, True, True, True, dict(rp=0.5, mc=2, delta=2.0)),
+    (1, 1, 1.0, False, True, False, {}), (1, 1, 0.6, False, False, True, {}),  # greedy: the Python greedy step
+    (1, 1, 1.0, True, True, False, dict(delta=0.5, early_stop=True)),  # (beam 1 with pruning: the beam step)
 ])
 def test_the_fused_native_beam_step_equals_the_python_step(beam_size, nbest, length_penalty, early_stopping,
                                                            forced_eos, shortlist, pruning) -> None:

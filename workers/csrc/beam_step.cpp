@@ -1,4 +1,4 @@
-// The engine's beam-search step after the output layer, for K > 1 on the CPU, in one call
+// The engine's beam-search step after the output layer on the CPU (greedy, K = 1, included), in one call
 // (torch.ops.raymt.beam_step): workers/search.py's top_candidates_from_rows + select_step, and
 // workers/beams.py's add_finished, pool_summary, stop_mask, the reorder and Readback.gather, which
 // the Python path runs as ~50 small ATen operators a step. Same arithmetic in the same precision
@@ -100,8 +100,8 @@ at::Tensor beam_step(const at::Tensor& top_lp, const at::Tensor& top_tok, const 
               ancestry.is_contiguous() && tokens.is_contiguous() && slots.is_contiguous() &&
               generated.is_contiguous() && at_max.is_contiguous() && norm.is_contiguous(),
               "beam_step: state tensors must be contiguous, running float32, pool and norm float64");
-  TORCH_CHECK(k > 1 && nbest >= 1 && nbest <= k && m * k >= c && th <= tc && t <= ancestry.size(0),
-              "beam_step: needs K > 1, nbest in [1, K], M * K >= 2K and t within the capacities");
+  TORCH_CHECK(nbest >= 1 && nbest <= k && m * k >= c && th <= tc && t <= ancestry.size(0),
+              "beam_step: needs nbest in [1, K], M * K >= 2K and t within the capacities");
   const float* lp = top_lp.data_ptr<float>();
   const int64_t* tok = top_tok.data_ptr<int64_t>();
   const int64_t *slot_p = slots.data_ptr<int64_t>(), *gen_p = generated.data_ptr<int64_t>();
