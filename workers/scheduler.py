@@ -52,6 +52,9 @@ class SchedulerConfig:
     flush_every: int = 0  # VAR_STREAM: expand every active sentence every that many steps (0: never)
 
     def __post_init__(self) -> None:
+        # the names as strings too ("topup", "beams"): an unknown one fails here, not as another unit later
+        object.__setattr__(self, "policy", Policy(self.policy))
+        object.__setattr__(self, "capacity_unit", CapacityUnit(self.capacity_unit))
         if self.max_batch_sentences < 1 or self.capacity < 1 or self.beam_size < 1:
             raise ValueError("max_batch_sentences, capacity and beam_size must be >= 1")
         if not 0.0 <= self.epsilon < 1.0:

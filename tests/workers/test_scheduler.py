@@ -123,10 +123,22 @@ def test_every_policy_finishes_every_request_exactly_once(policy: Policy) -> Non
 
 
 @pytest.mark.parametrize("kwargs", [dict(max_batch_sentences=0), dict(capacity=0), dict(epsilon=1.0),
-                                    dict(refill_threshold=0.0), dict(flush_every=-1)])
+                                    dict(refill_threshold=0.0), dict(flush_every=-1), dict(policy="var_stream"),
+                                    dict(capacity_unit="beam")])
 def test_invalid_config_raises(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         SchedulerConfig(**kwargs)
+
+
+def test_policy_and_unit_names_are_their_enums() -> None:
+    """A string names the same policy and unit as the enum (it once fell through to the token unit:
+    VAR-STREAM with capacity_unit="beams" admitted one sentence at a time)."""
+    cfg = SchedulerConfig(policy="var-stream", capacity=10, capacity_unit="beams", beam_size=5)
+    assert cfg.policy is Policy.VAR_STREAM and cfg.capacity_unit is CapacityUnit.BEAMS
+    s = Scheduler(cfg)
+    for i in range(4):
+        s.add(Request(i, source_length=9))
+    assert s.schedule().admit == (0, 1)  # two sentences of 5 beams, not one of 9 source tokens
 
 
 def test_scheduler_module_does_not_import_torch() -> None:
