@@ -43,7 +43,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", name) for name in ("decode_ops.cpp", "beam_step.cpp")]
+SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", name)
+           for name in ("decode_ops.cpp", "beam_step.cpp", "small_linear.cpp")]
 ISA_FLAGS = {  # ATen's own per-capability compile flags (its CPU_CAPABILITY kernels)
     "AVX512": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
                "-mavx512dq", "-mfma"],
