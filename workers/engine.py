@@ -11,8 +11,9 @@ Each step, for the sentences the scheduler planned:
 2. the model runs one decoder step for their live beams (rows at different target positions
    share it; ``workers/cache.py``), then the pure search step functions (``workers/search.py``)
    choose candidates, finished ones merge into the device-side pools, beams are reordered by
-   rewriting ancestry (``workers/beams.py``); beam 1 takes the greedy step (``greedy_select``), and
-   on the CPU the beam step is one native call (``workers/csrc/beam_step.cpp``);
+   rewriting ancestry (``workers/beams.py``); on the CPU the beam step is one native call
+   (``workers/csrc/beam_step.cpp``, beam 1 included), elsewhere beam 1 takes the greedy step
+   (``greedy_select``);
 3. one device-to-host copy (``Readback``) returns which sentences are done, the others' new widths
    and the done sentences' hypotheses: **one host sync per step**, counted in ``DecodeStats.syncs``
    (the static step, ``StaticStep``, may read back every few steps instead).

@@ -10,7 +10,10 @@
   (MKL). Same float32 math, another summation order. Measured on this 2-core AMD EPYC, at decoding
   shapes (N=109..160 rows): 1.2x on the E x 4E layers, 2.2-3.5x on the E x V output layer, where
   MKL's unpacked sgemm drops to ~80 GFLOP/s. The FFN's swish/relu runs as the first FFN GEMM's
-  oneDNN post-op. Skipped (with a warning) where torch lacks oneDNN.
+  oneDNN post-op. Products of a few rows go elsewhere (``PackedLinear``): with ``native``, to the
+  native ``small_linear`` kernel (up to 64 rows: oneDNN's call costs ~10-20 us before any
+  arithmetic); without, to MKL where MKL is fast for them (Intel CPUs, ``small_work``). Skipped
+  (with a warning) where torch lacks oneDNN.
 * ``int8``: dynamic int8 quantisation (weights per output channel, activations per call) of
   every linear layer of encoder and decoder, of the full-vocabulary output layer and of each
   shortlist head (quantised once per candidate set). Per-channel scales keep the BLEU change
