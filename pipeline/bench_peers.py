@@ -8,7 +8,8 @@ untimed, and ended after. Either library slows the other when both live in one p
 our run 1 -> ~150, as under ``OMP_WAIT_POLICY=PASSIVE``), and a process where torch had run made
 CTranslate2 2.4x slower (AMD EPYC, ``pipeline/ct2_process.py``). No user runs both in one process.
 Runs go A B C A B C ... ``repeats`` times; throughput is target tokens (output pieces,
-re-tokenised with the model's target sentencepiece so every system is counted alike) per second, median and spread. Ratios within one run are the result.
+re-tokenised with the model's target sentencepiece so every system is counted alike) per second,
+median and spread. Ratios within one run are the result.
 """
 from __future__ import annotations
 

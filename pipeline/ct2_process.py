@@ -34,7 +34,8 @@ class Ct2Process:
         try:
             return pickle.load(self._child.stdout)
         except EOFError:
-            raise RuntimeError(f"the CTranslate2 process ended (exit code {self._child.wait()}); see its stderr") from None
+            code = self._child.wait()
+            raise RuntimeError(f"the CTranslate2 process ended (exit code {code}); see its stderr") from None
 
     def translate_batch(self, pieces: list[list[str]], **options) -> list[list[str]]:
         return self._ask((pieces, options))

@@ -44,8 +44,8 @@ layers have no gradients and do not save into a state dict.
 from __future__ import annotations
 
 import contextlib
-import functools
 import ctypes
+import functools
 import logging
 import warnings
 from dataclasses import dataclass
@@ -150,7 +150,8 @@ class PackedLinear:
     Products under ``SMALL_WORK`` multiply-adds run torch's default ``F.linear`` (MKL) on the
     unpacked weight instead, where that is faster, which depends on the CPU (``small_work``): MKL
     takes its fast small-GEMM paths on Intel CPUs only. The float weight is kept beside the packed
-    one for it (the layers' float32 weights twice in memory: ~170 MB on the base model)."""
+    one for it (the layers' float32 weights twice in memory: ~170 MB on the base model), and with
+    ``use_small_kernel`` once more in that kernel's layout."""
 
     SMALL_WORK = None  # None: ``small_work()`` for this CPU
     SMALL_KERNEL_ROWS = 64  # ``use_small_kernel``: up to this many rows (measured: it still wins at 64)
@@ -180,7 +181,8 @@ class PackedLinear:
         if self.weight.dtype != torch.float32 or self.out_features % width:
             return
         self.small_kernel = kernels.small_linear
-        self.small_packed = self.weight.view(self.out_features // width, width, self.in_features).transpose(1, 2).contiguous()
+        blocks = self.weight.view(self.out_features // width, width, self.in_features)  # (N / W, W, K)
+        self.small_packed = blocks.transpose(1, 2).contiguous()  # (N / W, K, W): the kernel's layout
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.small_kernel is not None and x.dim() == 2 and x.shape[0] <= self.SMALL_KERNEL_ROWS and \

@@ -93,11 +93,13 @@ def test_packed_linear_takes_the_small_kernel_for_few_rows(kernels) -> None:
     torch.manual_seed(4)
     layer = PackedLinear.of(torch.nn.Linear(256, 1024), "swish")
     layer.use_small_kernel(kernels)
-    few, many = (torch.randn(r, 256, generator=gen) for r in (PackedLinear.SMALL_KERNEL_ROWS, PackedLinear.SMALL_KERNEL_ROWS + 1))
+    rows = PackedLinear.SMALL_KERNEL_ROWS
+    few, many = torch.randn(rows, 256, generator=gen), torch.randn(rows + 1, 256, generator=gen)
     assert torch.equal(layer(few), kernels.small_linear(few, layer.small_packed, layer.bias, 1))
     assert torch.equal(layer(many), torch.ops.mkldnn._linear_pointwise(many, layer.packed, layer.bias, "swish", [], ""))
     for x in (few, many):
-        torch.testing.assert_close(layer(x), torch.nn.functional.silu(x @ layer.weight.T + layer.bias), atol=1e-5, rtol=1e-5)
+        want = torch.nn.functional.silu(x @ layer.weight.T + layer.bias)
+        torch.testing.assert_close(layer(x), want, atol=1e-5, rtol=1e-5)
     odd = PackedLinear(torch.randn(8001, 256), None)  # (outputs not whole vector registers: oneDNN / MKL only)
     odd.use_small_kernel(kernels)
     assert odd.small_kernel is None
