@@ -23,6 +23,17 @@ def shared_path(*parts: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def native_kernels():
+    """The native decode operators (``torch.ops.raymt``, workers/native.py), or a skip where they cannot be built."""
+    from workers.native import load
+
+    kernels = load()
+    if kernels is None:
+        pytest.skip("native decode operators could not be built here (see the logged reason)")
+    return kernels
+
+
+@pytest.fixture(scope="session")
 def demo_model_dir() -> Path:
     if not (DEMO_MODEL / "model.safetensors").exists():
         pytest.skip(f"demo model not found at {DEMO_MODEL}")

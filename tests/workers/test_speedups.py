@@ -56,52 +56,43 @@ def test_packed_linear_runs_small_products_unpacked_and_large_ones_on_onednn(pos
         torch.testing.assert_close(layer(x), act(linear(x)), atol=1e-5, rtol=1e-5)
 
 
-@pytest.fixture(scope="module")
-def kernels():
-    from workers.native import load
-    kernels = load()
-    if kernels is None:
-        pytest.skip("native decode operators could not be built here")
-    return kernels
-
-
 @pytest.mark.parametrize("rows, k, n", [(1, 256, 768), (6, 256, 256), (7, 1024, 256), (20, 512, 2048), (64, 48, 80),
                                         (70, 256, 1024)])
 @pytest.mark.parametrize("act", ["none", "swish", "relu"])
-def test_small_linear_is_the_product(kernels, rows: int, k: int, n: int, act: str) -> None:
+def test_small_linear_is_the_product(native_kernels, rows: int, k: int, n: int, act: str) -> None:
     """csrc/small_linear.cpp against float64 ``act(x W^T + b)``: every row-tile height (1-6 and a
     remainder), every panel width (1-4 register blocks), with and without a bias."""
     gen = torch.Generator().manual_seed(rows)
     w, b, x = (torch.randn(*shape, generator=gen) for shape in ((n, k), (n,), (rows, k)))
-    width = kernels.vector_width()
+    width = native_kernels.vector_width()
     packed = w.view(n // width, width, k).transpose(1, 2).contiguous()
     fn = {"none": lambda y: y, "swish": torch.nn.functional.silu, "relu": torch.relu}[act]
     for bias in (b, None):
         want = fn(x.double() @ w.double().T + (0 if bias is None else bias.double()))
-        got = kernels.small_linear(x, packed, bias, {"none": 0, "swish": 1, "relu": 2}[act])
+        got = native_kernels.small_linear(x, packed, bias, {"none": 0, "swish": 1, "relu": 2}[act])
         torch.testing.assert_close(got.double(), want, atol=1e-5 * math.sqrt(k), rtol=1e-5)
     with pytest.raises(RuntimeError, match="packed must be"):
-        kernels.small_linear(x, packed.transpose(1, 2), b, 0)
+        native_kernels.small_linear(x, packed.transpose(1, 2), b, 0)
     with pytest.raises(RuntimeError, match="act must be"):
-        kernels.small_linear(x, packed, b, 3)
+        native_kernels.small_linear(x, packed, b, 3)
 
 
 @needs_onednn
-def test_packed_linear_takes_the_small_kernel_for_few_rows(kernels) -> None:
+def test_packed_linear_takes_the_small_kernel_for_few_rows(native_kernels) -> None:
     """Up to ``SMALL_KERNEL_ROWS`` rows run ``small_linear`` (the swish applied in it), more run oneDNN."""
     gen = torch.Generator().manual_seed(4)
     torch.manual_seed(4)
     layer = PackedLinear.of(torch.nn.Linear(256, 1024), "swish")
-    layer.use_small_kernel(kernels)
+    layer.use_small_kernel(native_kernels)
     rows = PackedLinear.SMALL_KERNEL_ROWS
     few, many = torch.randn(rows, 256, generator=gen), torch.randn(rows + 1, 256, generator=gen)
-    assert torch.equal(layer(few), kernels.small_linear(few, layer.small_packed, layer.bias, 1))
+    assert torch.equal(layer(few), native_kernels.small_linear(few, layer.small_packed, layer.bias, 1))
     assert torch.equal(layer(many), torch.ops.mkldnn._linear_pointwise(many, layer.packed, layer.bias, "swish", [], ""))
     for x in (few, many):
         want = torch.nn.functional.silu(x @ layer.weight.T + layer.bias)
         torch.testing.assert_close(layer(x), want, atol=1e-5, rtol=1e-5)
     odd = PackedLinear(torch.randn(8001, 256), None)  # (outputs not whole vector registers: oneDNN / MKL only)
-    odd.use_small_kernel(kernels)
+    odd.use_small_kernel(native_kernels)
     assert odd.small_kernel is None
 
 
