@@ -20,7 +20,9 @@ namespace {
 
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kW = Vec::size();
-constexpr int kMaxRows = 6, kBlocks = 4;  // 24 accumulators: fits AVX512's 32 registers with the loads
+// register tiles: 6 x 4 = 24 accumulators + 4 weight vectors + 1 broadcast within AVX512's 32
+// registers; 4 x 2 = 8 + 2 + 1 within AVX2's 16
+constexpr int kMaxRows = kW >= 16 ? 6 : 4, kBlocks = kW >= 16 ? 4 : 2;
 constexpr int64_t kSerialWork = 1 << 18;  // multiply-adds below which one thread does it all
 
 enum Act { kNone = 0, kSwish = 1, kRelu = 2 };  // the activation applied to the output tile
