@@ -104,7 +104,7 @@ class SlotState:
     def fused_step(self, kernel, top: RowTop, grid: Tensor | None, slots: Tensor, generated: Tensor, at_max: Tensor,
                    norm: Tensor, cache: KVCache, t: int, search: SearchConfig, eos: int) -> Tensor:
         """The whole step after the output layer in one native call (``workers/csrc/beam_step.cpp``,
-        the CPU's ``NativeOps.beam_kernel``; K > 1): candidates, finished pools, pruning, stop test,
+        the CPU's ``NativeOps.beam_kernel``; beam 1 too): candidates, finished pools, pruning, stop test,
         reorder, as the Python path computes them -> the packed readback (``Readback.gather``).
         top (N, 2K) the run rows' best; norm the whole generated ** lp table (float64)."""
         p = search.pruning

@@ -221,7 +221,8 @@ class Decoder(nn.Module):
     def step(self, tokens: Tensor, at: StepAt, cache: KVCache) -> Tensor:
         """One incremental step of the rows ``at`` runs (workers/cache.py). tokens (N,) -> hidden (N, E);
         writes each row's K/V at its position."""
-        x = self.embed_tokens(tokens) * self.embed_scale + self.embed_positions.weight.index_select(0, at.positions)  # (N, E)
+        positions = self.embed_positions.weight.index_select(0, at.positions)  # (N, E)
+        x = self.embed_tokens(tokens) * self.embed_scale + positions
         ops = self.ops.for_step(x, cache)
         for i, layer in enumerate(self.layers):
             sa, ca = layer.self_attn, layer.encoder_attn

@@ -36,7 +36,7 @@ class AtenOps:
     """ATen operators: any device and dtype."""
 
     in_place = False  # reads masked positions too: the cache must be zeroed where never written
-    beam_kernel = None  # the fused beam step after the output layer (NativeOps: K > 1 on the CPU), or None
+    beam_kernel = None  # the fused beam step after the output layer (NativeOps: the CPU, any K), or None
 
     def for_step(self, x: Tensor, cache: KVCache) -> AtenOps:
         """The backend that serves this step (x (N, E))."""
