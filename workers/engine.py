@@ -22,7 +22,7 @@ A sentence's result does not depend on which others share its steps, so every po
 batch decoding returns (tests/workers/test_engine.py, test_stream.py).
 
 The model interface the engine uses (``MarianModel``; the tests' scripted stub): ``config``,
-``device``, ``ops``, ``new_cache``, ``admit``, ``output_head`` and ``decode_step``.
+``device``, ``ops``, ``new_cache``, ``encode``, ``cross_kv``, ``output_head`` and ``decode_step``.
 """
 from __future__ import annotations
 
@@ -154,7 +154,7 @@ class Engine:
         self._staging = staging_buffer(4 * slots * k + 3 * slots, dev)
         if self.candidates is not None:
             self.stats.shortlist_sizes.append(int(self.candidates.numel()))
-        self._free, self._slot, self._encoded = list(range(slots)), {}, {}  # _encoded: id -> memory (s, E)
+        self._free, self._slot, self._encoded = list(range(slots)), {}, {}  # _encoded: id -> (its batch's K/V, row)
         self._static_in = None  # the static step's index buffer (one per decode)
         self._unread = 0  # static steps run since the last readback
         self._graph = GraphedStep() if self.static and dev.type == "cuda" else None
@@ -179,31 +179,42 @@ class Engine:
         return results
 
     def _admit(self, ids: tuple[int, ...], sources: list[list[int]], caps: list[int], scheduler: Scheduler) -> None:
-        """The admitted sentences into free slots: their encoder output (encoded ahead, or now), their
-        cross-attention K/V, fresh search state."""
+        """The admitted sentences into free slots: their cross-attention K/V (computed ahead with their
+        batch's encoder output, or now) copied in, fresh search state."""
         blocks = [self._free.pop(0) for _ in ids]
         for i, b in zip(ids, blocks):
             self._slot[i] = _Slot(b, len(sources[i]), caps[i])
         self._encode_ahead([i for i in ids if i not in self._encoded], sources, scheduler)
-        memory = pad_sequence([self._encoded.pop(i) for i in ids], batch_first=True)  # (A, s, E)
-        src_mask = prefix_mask([len(sources[i]) for i in ids], memory.shape[1], self.model.device)
-        index = torch.tensor(blocks, device=self.model.device)  # (A,)
-        self.model.admit(self.cache, memory, src_mask, index)
+        entries = [self._encoded.pop(i) for i in ids]
+        dev = self.model.device
+        index = torch.tensor(blocks, device=dev)  # (A,)
+        for batch in {id(b): b for b, _ in entries}.values():  # each encode batch the admitted came from
+            members = [j for j, (b, _) in enumerate(entries) if b is batch]
+            lengths, rows = [len(sources[ids[j]]) for j in members], [entries[j][1] for j in members]
+            s, (keys, _) = max(lengths), batch[0]
+            if rows == list(range(keys.shape[0])) and s == keys.shape[2]:  # the whole batch (batch decoding)
+                layers = batch
+            else:  # (A, H, s, D) each
+                pick = torch.tensor(rows, device=dev)
+                layers = [(k[pick, :, :s], v[pick, :, :s]) for k, v in batch]
+            slots = index if len(members) == len(ids) else torch.tensor([blocks[j] for j in members], device=dev)
+            self.cache.admit(slots, layers, prefix_mask(lengths, s, dev))
         self.state.admit(index, self.model.config.decoder_start_token_id)
 
     def _encode_ahead(self, missing: list[int], sources: list[list[int]], scheduler: Scheduler) -> None:
         """Encode the sentences about to be admitted together with the next waiting ones (up to one
-        batch of slots): a policy that admits a sentence or two a step (FIFO, top-up) then runs the
-        encoder on batches, not on one sentence at a time (the top-up paper's encoded-ahead queue)."""
+        batch of slots), cross-attention K/V included: a policy that admits a sentence or two a step
+        (FIFO, top-up) then runs the encoder and the K/V projections on batches, not on one sentence
+        at a time (the top-up paper's encoded-ahead queue); admission only copies."""
         if not missing:
             return
         room = self.cache.cross_k.shape[1]  # one batch: as many sentences as there are slots
         ahead = [r.id for r in itertools.islice(scheduler.waiting, room) if r.id not in self._encoded]
         batch = missing + [i for i in ahead if i not in missing][: max(room - len(missing), 0)]
         src_ids, src_mask = pad_sources([sources[i] for i in batch], self.model.config.pad_token_id, self.model.device)
-        memory = self.model.encode(src_ids, src_mask)  # (B, S, E)
+        layers = self.model.cross_kv(self.model.encode(src_ids, src_mask))  # L x (B, H, S, D) x 2
         for row, i in enumerate(batch):
-            self._encoded[i] = memory[row, : len(sources[i])]
+            self._encoded[i] = (layers, row)
 
     def _to_device(self, values: list[int]) -> Tensor:
         """The step's host-built indices in one copy (through a pinned buffer on a GPU). (Through an

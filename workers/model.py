@@ -309,11 +309,11 @@ class MarianModel(nn.Module):
     def new_cache(self, slots: int, beam_size: int, source_capacity: int, **kwargs) -> KVCache:
         return self.model.decoder.new_cache(slots, beam_size, source_capacity, **kwargs)
 
-    def admit(self, cache: KVCache, memory: Tensor, src_mask: Tensor, slots: Tensor) -> None:
-        """Write newly admitted sentences' cross-attention K/V into ``slots`` (A,). memory (A, s, E)
-        their encoder output, src_mask (A, s)."""
-        with record_function("encoder"):  # cross-attention K/V: once per sentence, like the encoder
-            cache.admit(slots, self.model.decoder.cross_kv(memory), src_mask)
+    def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """memory (B, S, E) -> each decoder layer's cross-attention K/V (B, H, S, D) x 2: computed once
+        per sentence, with its encoder output (``KVCache.admit`` copies them into slots)."""
+        with record_function("encoder"):
+            return list(self.model.decoder.cross_kv(memory))
 
     def decode_step(self, tokens: Tensor, at: StepAt, cache: KVCache, head: OutputHead | None = None) -> Tensor:
         """tokens (N,) of the rows ``at`` runs -> logits (N, V) (or (N, C) with a shortlist head)."""

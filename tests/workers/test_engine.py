@@ -39,7 +39,7 @@ FALLBACK: Dist = {E: 1.0}  # prefixes a table does not list (also the -inf place
 
 
 class ScriptedModel:
-    """Stands in for ``MarianModel``: config / device / ops / new_cache / admit / output_head / decode_step."""
+    """Stands in for ``MarianModel``: config / device / ops / new_cache / encode / cross_kv / output_head / decode_step."""
 
     device = torch.device("cpu")
 
@@ -63,10 +63,10 @@ class ScriptedModel:
         """(B, S) -> memory (B, S, 1) whose every position holds the sentence key src_ids[:, 0]."""
         return src_ids[:, :1].float()[:, :, None].expand(*src_ids.shape, 1)
 
-    def admit(self, cache: KVCache, memory: Tensor, src_mask: Tensor, slots: Tensor) -> None:
-        """The sentence key rides in every position of the slot's cross-attention K."""
-        key = memory[:, None, :, :]  # (A, H, s, D)
-        cache.admit(slots, [(key, key.clone())], src_mask)
+    def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """The sentence key rides in every position of its cross-attention K."""
+        key = memory[:, None, :, :]  # (B, H, S, D)
+        return [(key, key.clone())]
 
     def output_head(self, candidates: Tensor | None = None) -> OutputHead:
         pad = self.config.pad_token_id

@@ -85,7 +85,7 @@ class Steps:
         self.model, self.beam = model, beam
         src, mask = batch(sources)
         self.cache = model.new_cache(len(sources), beam, src.shape[1], **cache_kwargs)
-        model.admit(self.cache, model.encode(src, mask), mask, torch.arange(len(sources)))
+        self.cache.admit(torch.arange(len(sources)), model.cross_kv(model.encode(src, mask)), mask)
         self.s = src.shape[1]
 
     def __call__(self, tokens: list[int], rows: list[int], positions: list[int]) -> torch.Tensor:

@@ -214,7 +214,7 @@ def test_native_and_aten_backends_step_alike(ops, demo_model_dir) -> None:
     for t in (aten, fast):
         model = t.checkpoint.model
         caches.append(model.new_cache(3, k, width, target_capacity=2))
-        model.admit(caches[-1], model.encode(src, src != pad), src != pad, torch.arange(3))
+        caches[-1].admit(torch.arange(3), model.cross_kv(model.encode(src, src != pad)), src != pad)
     assert caches[0].zeroed and not caches[1].zeroed
     gen = torch.Generator().manual_seed(3)
     # (rows run, their positions, then row -> source row reorder)
