@@ -33,6 +33,7 @@ from pipeline.shortlists import load_shortlist
 from pipeline.step_profile import step_breakdown
 from workers.config import FAST_PRUNING, SearchConfig
 from workers.engine import DecodeStats
+from workers.scheduler import Policy, SchedulerConfig
 from workers.flops import flops_per_target_token
 from workers.speedups import EXACT, CpuSpeedups
 from workers.translator import Translator
@@ -64,9 +65,11 @@ SPEEDUP_STEPS = (("ours-plain", BASELINE),
                  ("ours+bf16", "+ bfloat16 weights and activations (instead of int8)"))
 
 
-RATIOS = (("ours-exact", "ct2-float32"), ("ours-exact-k", "ct2-float32"), ("ours+int8", "ct2-int8"),
+POLICIES = {"ours-topup": Policy.TOPUP, "ours-var-stream": Policy.VAR_STREAM, "ours-fifo": Policy.FIFO}
+RATIOS = (("ours-topup", "ours-exact"), ("ours-var-stream", "ours-exact"), ("ours-fifo", "ours-exact"),
+          ("ours-exact", "ct2-float32"), ("ours-exact-k", "ct2-float32"), ("ours+int8", "ct2-int8"),
           ("ours-best", "ct2-int8"), ("ours-exact", "hf"), ("ours-best", "hf"), ("ct2-float32", "hf"))
-SAME_OUTPUT = (("ours-exact", "hf"), ("ours-exact-k", "ct2-float32"), ("ours-plain", "ours-exact"))
+SAME_OUTPUT = (*((name, "ours-exact") for name in POLICIES), ("ours-exact", "hf"), ("ours-exact-k", "ct2-float32"), ("ours-plain", "ours-exact"))
 
 
 def identical_outputs(systems: list) -> dict[str, int]:
@@ -108,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
                    "ct2-float32,ct2-int8,hf", help="ours-plain, ours+qkv, ours+onednn, ours-exact, ours+int8: the cumulative CPU speed-ups "
                    "(workers/speedups.py); ours+bf16: bfloat16 instead of int8; ours-exact-k: ours-exact stopping "
                    "at K finished hypotheses, CTranslate2's rule (HF early_stopping=True); ours-best: int8 + rp 0.6 "
-                   "pruning + --shortlist")
+                   "pruning + --shortlist; ours-topup, ours-var-stream, ours-fifo: ours-exact under that streaming "
+                   "policy over the length-sorted input (32 sentences), against batch decoding (ours-exact)")
     p.add_argument("--profile", default="ours-exact,ours-best",
                    help="systems (ours-*) whose run is profiled by phase after the timing (empty: none)")
     p.add_argument("--out", default="reports/peers")
@@ -140,7 +144,10 @@ def main(argv: list[str] | None = None) -> None:
                      "ours+bf16": lambda: ours(loaded(args, replace(EXACT, bf16=True)), cfg),
                      "ct2-float32": lambda: ctranslate2_system(args.model, "float32", args.threads, cfg, translator, tmp),
                      "ct2-int8": lambda: ctranslate2_system(args.model, "int8", args.threads, cfg, translator, tmp),
-                     "hf": lambda: hf_system(args.model, cfg)}
+                     "hf": lambda: hf_system(args.model, cfg),
+                     **{name: (lambda p=policy: ours(translator, cfg, batching=SchedulerConfig(
+                         policy=p, max_batch_sentences=translator.max_batch_size,
+                         capacity=translator.max_batch_size, beam_size=beam))) for name, policy in POLICIES.items()}}
         systems = [PeerRun(name, factories[name]()) for name in args.systems.split(",")]
         for name in args.sets.split(","):
             lines = read_lines(os.path.join(args.data, SETS[name][0]), args.lines)

@@ -30,6 +30,7 @@ import torch
 from pipeline.ct2_process import Ct2Process
 from workers.config import SearchConfig
 from workers.engine import DecodeStats
+from workers.scheduler import SchedulerConfig
 from workers.shortlist import Shortlist
 from workers.translator import Translator
 
@@ -56,9 +57,10 @@ class PeerRun:
 
 
 def ours(translator: Translator, cfg: SearchConfig, shortlist: Shortlist | None = None,
-         stats: DecodeStats | None = None) -> Translate:
-    """Our translator as a system; ``stats``: the engine's counters, summed over every call."""
-    return lambda lines: [t.text for t in translator.translate(lines, cfg, shortlist, stats=stats)]
+         stats: DecodeStats | None = None, batching: SchedulerConfig | None = None) -> Translate:
+    """Our translator as a system; ``stats``: the engine's counters, summed over every call;
+    ``batching``: a streaming policy over the length-sorted input instead of batch decoding."""
+    return lambda lines: [t.text for t in translator.translate(lines, cfg, shortlist, batching, stats=stats)]
 
 
 class Ct2Translator:

@@ -37,6 +37,19 @@ def test_peer_benchmark_smoke(demo_model_dir, tmp_path):
     assert report["gemm_peak_gflops"] > 0
 
 
+def test_streaming_policies_against_batch_decoding(demo_model_dir, tmp_path):
+    """The bench's policy systems: the same translations as batch decoding, timed beside it."""
+    shared_path("multi30k", "test_2016_flickr.de")
+    out = tmp_path / "policies"
+    main(["--model", str(demo_model_dir), "--data", str(SHARED_DATA), "--sets", "multi30k", "--lines", "40",
+          "--beams", "2", "--repeats", "1", "--systems", "ours-exact,ours-topup,ours-var-stream,ours-fifo",
+          "--profile", "", "--out", str(out)])
+    table = json.loads(out.with_suffix(".json").read_text())["tables"]["multi30k/beam2"]
+    assert table["identical_outputs"] == {"ours-topup = ours-exact": 40, "ours-var-stream = ours-exact": 40,
+                                          "ours-fifo = ours-exact": 40}
+    assert set(table["ratios"]) == {"ours-topup / ours-exact", "ours-var-stream / ours-exact", "ours-fifo / ours-exact"}
+
+
 def test_flop_formula_by_hand():
     cfg = ModelConfig(vocab_size=100, decoder_vocab_size=100, d_model=4, encoder_layers=1, decoder_layers=1,
                       encoder_attention_heads=1, decoder_attention_heads=1, encoder_ffn_dim=8, decoder_ffn_dim=8,
