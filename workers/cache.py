@@ -55,6 +55,23 @@ class StepAt:
     mask: Tensor | None
 
 
+@dataclass(frozen=True, slots=True)
+class EncodedBatch:
+    """Sentences encoded together, waiting for slots: each decoder layer's cross-attention K/V,
+    (B, H, S, D) x 2, computed once for the batch (``MarianModel.cross_kv``); ``KVCache.admit``
+    copies a sentence's rows into its slot when it is admitted."""
+
+    layers: list[tuple[Tensor, Tensor]]
+
+    def select(self, rows: list[int], length: int) -> list[tuple[Tensor, Tensor]]:
+        """Batch rows ``rows``' K/V over their first ``length`` source positions, (A, H, length, D) x 2."""
+        keys = self.layers[0][0]
+        if rows == list(range(keys.shape[0])) and length == keys.shape[2]:  # the whole batch (batch decoding)
+            return self.layers
+        pick = torch.tensor(rows, device=keys.device)
+        return [(k[pick, :, :length], v[pick, :, :length]) for k, v in self.layers]
+
+
 @dataclass
 class KVCache:
     """self_k/self_v (T, L, R, H, D) time-major; ancestry, tokens (T, R) int64; cross_k/cross_v

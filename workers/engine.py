@@ -33,11 +33,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
-from torch.nn.utils.rnn import pad_sequence
 from torch.profiler import record_function
 
 from workers.beams import Readback, SlotState, stop_mask
-from workers.cache import KVCache
+from workers.cache import EncodedBatch, KVCache
 from workers.config import SearchConfig
 from workers.scheduler import Policy, Request, Scheduler, SchedulerConfig, SchedulerStats, StepOutput, StepPlan
 from workers.graphs import GraphedStep, staging_buffer
@@ -190,15 +189,10 @@ class Engine:
         index = torch.tensor(blocks, device=dev)  # (A,)
         for batch in {id(b): b for b, _ in entries}.values():  # each encode batch the admitted came from
             members = [j for j, (b, _) in enumerate(entries) if b is batch]
-            lengths, rows = [len(sources[ids[j]]) for j in members], [entries[j][1] for j in members]
-            s, (keys, _) = max(lengths), batch[0]
-            if rows == list(range(keys.shape[0])) and s == keys.shape[2]:  # the whole batch (batch decoding)
-                layers = batch
-            else:  # (A, H, s, D) each
-                pick = torch.tensor(rows, device=dev)
-                layers = [(k[pick, :, :s], v[pick, :, :s]) for k, v in batch]
+            lengths = [len(sources[ids[j]]) for j in members]
             slots = index if len(members) == len(ids) else torch.tensor([blocks[j] for j in members], device=dev)
-            self.cache.admit(slots, layers, prefix_mask(lengths, s, dev))
+            self.cache.admit(slots, batch.select([entries[j][1] for j in members], max(lengths)),
+                             prefix_mask(lengths, max(lengths), dev))
         self.state.admit(index, self.model.config.decoder_start_token_id)
 
     def _encode_ahead(self, missing: list[int], sources: list[list[int]], scheduler: Scheduler) -> None:
@@ -212,9 +206,9 @@ class Engine:
         ahead = [r.id for r in itertools.islice(scheduler.waiting, room) if r.id not in self._encoded]
         batch = missing + [i for i in ahead if i not in missing][: max(room - len(missing), 0)]
         src_ids, src_mask = pad_sources([sources[i] for i in batch], self.model.config.pad_token_id, self.model.device)
-        layers = self.model.cross_kv(self.model.encode(src_ids, src_mask))  # L x (B, H, S, D) x 2
+        encoded = EncodedBatch(self.model.cross_kv(self.model.encode(src_ids, src_mask)))
         for row, i in enumerate(batch):
-            self._encoded[i] = (layers, row)
+            self._encoded[i] = (encoded, row)
 
     def _to_device(self, values: list[int]) -> Tensor:
         """The step's host-built indices in one copy (through a pinned buffer on a GPU). (Through an

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from workers.config import ModelConfig
-from workers.cache import KVCache
+from workers.cache import EncodedBatch, KVCache
 from workers.model import MarianModel
 from workers.native import load as load_native
 from workers.step_ops import ATEN, NativeOps
@@ -161,6 +161,28 @@ def test_new_cache_shapes(model):
     assert cache.self_k.shape == (5, 2, 6, 4, 8)  # (T, L, R, H, D): time-major, R = slots x K
     assert cache.cross_k.shape == (2, 2, 4, 4, 8)  # (L, slots, H, S, D)
     assert cache.ancestry.shape == (5, 6) and cache.max_length == 5
+
+
+@torch.no_grad()
+def test_encoded_batch_admits_any_of_its_sentences_into_any_slot(model, rows):
+    """Sentences encoded together and admitted a few at a time, out of order (a streaming policy's
+    encoded-ahead batch): each slot holds the K/V of its sentence encoded alone, padding masked."""
+    sources, _ = rows
+    encoded = EncodedBatch(model.cross_kv(model.encode(*batch(sources))))
+    assert encoded.select([0, 1, 2, 3], max(map(len, sources))) is encoded.layers  # the whole batch: no copy
+    cache = model.new_cache(4, 2, max(map(len, sources)), zeroed=True)
+    for rows_, slots in (([2, 0], [3, 1]), ([3], [0]), ([1], [2])):
+        lengths = [len(sources[r]) for r in rows_]
+        mask = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]
+        cache.admit(torch.tensor(slots), encoded.select(rows_, max(lengths)), mask)
+    for r, slot in ((2, 3), (0, 1), (3, 0), (1, 2)):
+        n = len(sources[r])
+        alone = model.cross_kv(model.encode(*batch([sources[r]])))
+        for layer, (k, v) in enumerate(alone):
+            torch.testing.assert_close(cache.cross_k[layer, slot, :, :n], k[0], atol=ATOL, rtol=0)
+            torch.testing.assert_close(cache.cross_v[layer, slot, :, :n], v[0], atol=ATOL, rtol=0)
+        assert int(cache.source_lengths[slot]) == n
+        assert torch.isinf(cache.cross_bias[slot, 0, n:]).all() and not cache.cross_bias[slot, 0, :n].any()
 
 
 @torch.no_grad()
