@@ -80,8 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--fast", action="store_true", help="the measured fast default (workers.config.FAST_PRUNING: "
                    "rp 0.6) unless heuristics are given explicitly; see reports/search.md")
     g = p.add_argument_group("batching (Yang et al. 2020 VAR-STREAM; top-up batching)")
-    g.add_argument("--batching", choices=["batch", *[x.value for x in Policy]], default="batch",
-                   help="batch: length-sorted batches decoded to the end; otherwise the streaming decoder")
+    g.add_argument("--batching", choices=["auto", "batch", *[x.value for x in Policy]], default="auto",
+                   help="batch: length-sorted batches decoded to the end; otherwise that streaming policy (every "
+                        "policy gives the same translations). auto: topup (1.2x batch on WMT22's long-tailed "
+                        "lengths), or batch with --shortlist or --tune-batch, which work per batch")
     g.add_argument("--epsilon", type=float, default=1 / 6, help="var-stream refill threshold")
     g.add_argument("--refill-threshold", type=float, default=0.5, help="topup: refill once this share is empty")
     g.add_argument("--capacity", type=int, default=0, help="streaming capacity (0: --max-batch-size sentences)")
@@ -157,10 +159,18 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
                         max_length_b=args.max_length_b, pruning=pruning)
 
 
+def batching_of(args: argparse.Namespace) -> str:
+    """``--batching``, ``auto`` resolved: top-up, unless a shortlist (its candidate set is per batch, so
+    batches decide the translations) or the batch-size tuner (it sizes batches) needs batches."""
+    if args.batching != "auto":
+        return args.batching
+    return "batch" if args.shortlist or args.tune_batch else Policy.TOPUP.value
+
+
 def scheduler_config(args: argparse.Namespace) -> SchedulerConfig | None:
-    if args.batching == "batch":
+    if batching_of(args) == "batch":
         return None
-    return SchedulerConfig(policy=Policy(args.batching), max_batch_sentences=args.max_batch_size,
+    return SchedulerConfig(policy=Policy(batching_of(args)), max_batch_sentences=args.max_batch_size,
                            capacity=args.capacity or args.max_batch_size, capacity_unit=CapacityUnit(args.capacity_unit),
                            beam_size=args.beam_size, epsilon=args.epsilon, refill_threshold=args.refill_threshold,
                            flush_every=args.flush_every)
@@ -191,7 +201,7 @@ def device_of(args: argparse.Namespace) -> str:
 
 
 def signature(args: argparse.Namespace, cfg: SearchConfig) -> str:
-    return f"model:{args.model}|{cfg.signature()}|batching:{args.batching}" + (
+    return f"model:{args.model}|{cfg.signature()}|batching:{batching_of(args)}" + (
         f"|shortlist:{args.shortlist}:{args.shortlist_m}:{args.shortlist_n}" if args.shortlist else "") + (
         "|int8" if args.int8 else "") + ("|bf16" if args.bf16 else "") + ("|fp16" if args.fp16 else "")
 

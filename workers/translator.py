@@ -98,7 +98,8 @@ class Translator:
         Without ``batching``: batch decoding, the sources sorted by length into batches of
         ``max_batch_size`` (or the tuner's size), each decoded to its end (the FIXED policy; with a
         ``shortlist``, over its own candidate set). With ``batching``: the engine under that policy
-        over the length-sorted sources (one candidate set for the whole call). ``stats``: counters to
+        over the length-sorted sources (one candidate set for the whole call); out of memory (and
+        without a shortlist), the call falls back to batches, which give the same translations. ``stats``: counters to
         add to (read live by the actors' time slices); a fresh ``DecodeStats`` by default. ``static``:
         the engine's one-shape step (``workers.engine.StaticStep``: a CUDA graph on a GPU); batch
         decoding then runs its batches on one engine (without a shortlist or a tuner, whose batches
@@ -110,7 +111,15 @@ class Translator:
             # static step's CUDA graph is captured once per call, not once per batch
             batching = batch_schedule(self.max_batch_size, cfg.beam_size)
         if batching is not None:
-            return Decoded(self._stream(sources, cfg, shortlist, batching, stats, static), stats)
+            try:
+                return Decoded(self._stream(sources, cfg, shortlist, batching, stats, static), stats)
+            except (torch.OutOfMemoryError, MemoryError):
+                if shortlist is not None or len(sources) < 2:  # (a shortlist's candidate set is per call)
+                    raise
+                logger.warning("out of memory streaming %d sentences in %d slots: decoding them in batches instead "
+                               "(the same translations; a batch that runs out too is split)", len(sources),
+                               batching.max_batch_sentences)
+                static = None  # (the dynamic step: only the rows that run take memory)
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         out: list[list[Hypothesis]] = [[] for _ in sources]
         start = 0

@@ -66,6 +66,17 @@ def test_fast_preset_is_the_measured_pruning_unless_heuristics_are_given():
     assert search_config(build_parser().parse_args([*base, "--fast", "--ap", "2.5"])).pruning.signature() == "ap:2.5"
 
 
+def test_batching_auto_is_topup_unless_batches_decide_the_output():
+    from jobs.translate import build_parser, scheduler_config, search_config, signature
+    from workers.scheduler import Policy
+    base = ["--model", "m", "--input", "i", "--output", "o"]
+    auto = build_parser().parse_args(base)
+    assert scheduler_config(auto).policy is Policy.TOPUP and "|batching:topup" in signature(auto, search_config(auto))
+    for extra in (["--shortlist", "lex.s2t"], ["--tune-batch"], ["--batching", "batch"]):
+        assert scheduler_config(build_parser().parse_args([*base, *extra])) is None  # length-sorted batches
+    assert scheduler_config(build_parser().parse_args([*base, "--batching", "fifo", "--tune-batch"])).policy is Policy.FIFO
+
+
 def broken_model(tmp_path, demo_model_dir, drop=(), config: bytes | None = None):
     import shutil
     model = tmp_path / "model"

@@ -1,11 +1,13 @@
 """Closed-loop batch size: the tuner driven by a throughput curve (no model), and the translator's
-split-and-retry when a batch runs out of memory."""
+split-and-retry when a batch runs out of memory (and its fall-back to batches when streaming does)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from workers.config import SearchConfig
+from workers.scheduler import Policy, SchedulerConfig
+from workers.shortlist import LexicalTable, Shortlist
 from workers.translator import Translator
 from workers.tuning import BatchTuner, TunerConfig, bytes_per_sentence
 
@@ -78,6 +80,27 @@ def test_batch_out_of_memory_is_split_and_retried_with_identical_output(demo_mod
     tuner = tr.tune_batches(cfg, TunerConfig(start=6, pairs=1))
     assert [t.text for t in tr.translate(texts, cfg)] == expected
     assert seen[:3] == [6, 3, 1] and tuner.cap == 1  # 6 -> halves of 3 -> 1 + 2; the cap follows the failures
+
+
+def test_streaming_out_of_memory_falls_back_to_batches_with_identical_output(demo_model_dir, monkeypatch,
+                                                                           caplog) -> None:
+    texts = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch.",
+             "Kinder spielen im Park.", "Ein Mann fährt Fahrrad."]
+    cfg, topup = SearchConfig(beam_size=3), SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=4, beam_size=3)
+    tr = Translator.load(str(demo_model_dir), max_batch_size=2)
+    expected = [t.text for t in tr.translate(texts, cfg, batching=topup)]
+
+    def full(*args, **kwargs):  # the streaming engine's slots do not fit
+        raise torch.OutOfMemoryError("injected: slots too large")
+
+    monkeypatch.setattr(Translator, "_stream", full)
+    with caplog.at_level("WARNING"):
+        assert [t.text for t in tr.translate(texts, cfg, batching=topup)] == expected
+    assert "decoding them in batches instead" in caplog.text
+    shortlist = Shortlist(LexicalTable({}, list(range(8001))), top_m=0, top_n=8001, special_ids=(0,))
+    # (a shortlist's candidate set is per call: batches could decode differently, so no fallback)
+    with pytest.raises(torch.OutOfMemoryError):
+        tr.translate(texts, cfg, shortlist, batching=topup)
 
 
 def test_a_single_sentence_that_does_not_fit_is_an_error_not_a_loop(demo_model_dir, monkeypatch) -> None:
