@@ -33,8 +33,8 @@ from pipeline.shortlists import load_shortlist
 from pipeline.step_profile import step_breakdown
 from workers.config import FAST_PRUNING, SearchConfig
 from workers.engine import DecodeStats
-from workers.scheduler import Policy, SchedulerConfig
 from workers.flops import flops_per_target_token
+from workers.scheduler import Policy, SchedulerConfig
 from workers.speedups import EXACT, CpuSpeedups
 from workers.translator import Translator
 
@@ -69,7 +69,8 @@ POLICIES = {"ours-topup": Policy.TOPUP, "ours-var-stream": Policy.VAR_STREAM, "o
 RATIOS = (("ours-topup", "ours-exact"), ("ours-var-stream", "ours-exact"), ("ours-fifo", "ours-exact"),
           ("ours-exact", "ct2-float32"), ("ours-exact-k", "ct2-float32"), ("ours+int8", "ct2-int8"),
           ("ours-best", "ct2-int8"), ("ours-exact", "hf"), ("ours-best", "hf"), ("ct2-float32", "hf"))
-SAME_OUTPUT = (*((name, "ours-exact") for name in POLICIES), ("ours-exact", "hf"), ("ours-exact-k", "ct2-float32"), ("ours-plain", "ours-exact"))
+SAME_OUTPUT = (*((name, "ours-exact") for name in POLICIES), ("ours-exact", "hf"), ("ours-exact-k", "ct2-float32"),
+               ("ours-plain", "ours-exact"))
 
 
 def identical_outputs(systems: list) -> dict[str, int]:

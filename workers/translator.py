@@ -99,11 +99,11 @@ class Translator:
         ``max_batch_size`` (or the tuner's size), each decoded to its end (the FIXED policy; with a
         ``shortlist``, over its own candidate set). With ``batching``: the engine under that policy
         over the length-sorted sources (one candidate set for the whole call); out of memory (and
-        without a shortlist), the call falls back to batches, which give the same translations. ``stats``: counters to
-        add to (read live by the actors' time slices); a fresh ``DecodeStats`` by default. ``static``:
-        the engine's one-shape step (``workers.engine.StaticStep``: a CUDA graph on a GPU); batch
-        decoding then runs its batches on one engine (without a shortlist or a tuner, whose batches
-        differ), one capture per call.
+        without a shortlist), the call falls back to batches, which give the same translations.
+        ``stats``: counters to add to (read live by the actors' time slices); a fresh ``DecodeStats``
+        by default. ``static``: the engine's one-shape step (``workers.engine.StaticStep``: a CUDA
+        graph on a GPU); batch decoding then runs its batches on one engine (without a shortlist or a
+        tuner, whose batches differ), one capture per call.
         """
         stats = stats if stats is not None else DecodeStats()
         if batching is None and static is not None and shortlist is None and not self.tuner and self.sort_by_length:
