@@ -245,11 +245,14 @@ class Engine:
 
     def _indices(self, plan: StepPlan, requests: dict[int, Request]) -> StepIndex:
         """The step's indices, built on the host from what it already knows (each planned
-        sentence's slot, live width and length) and copied over at once."""
+        sentence's slot, live width and length) and copied over at once. The sentences run in slot
+        order (a streaming policy plans them in admission order): rows ascend through the cache, and
+        where the planned slots are consecutive the ATen path slices instead of gathering."""
         if self.static:
             return self._static_indices(plan, requests)
         k, rows, positions, grid, row_at_max, slots, generated, at_max = self.search.beam_size, [], [], [], [], [], [], []
-        for j, i in enumerate(plan.expand):
+        expand = sorted(plan.expand, key=lambda i: self._slot[i].index)
+        for j, i in enumerate(expand):
             r, slot = requests[i], self._slot[i]
             width, capped = r.width, int(r.length + 1 >= slot.max_length)  # width: 1 at admission, then read back
             rows += range(slot.index * k, slot.index * k + width)
@@ -260,6 +263,7 @@ class Engine:
             generated.append(r.length + 1)
             at_max.append(capped)
         n, b = len(rows), len(slots)
+        where = {i: j for j, i in enumerate(expand)}  # each planned sentence's row of the step
         force = self.forced_eos and any(at_max)
         packed = self._to_device(rows + positions + grid + slots + generated + at_max + (row_at_max if force else []))
         rows_t, positions_t, grid_t = packed[:n], packed[n: 2 * n], packed[2 * n: 3 * n]
@@ -269,7 +273,7 @@ class Engine:
                          t=max(generated), s=max(self._slot[i].source_length for i in plan.expand),
                          shared=min(generated) == max(generated),
                          first=slots[0] if slots == list(range(slots[0], slots[0] + b)) else -1,
-                         planned=None, order=list(range(b)), live_rows=n)
+                         planned=None, order=[where[i] for i in plan.expand], live_rows=n)
 
     def _step(self, plan: StepPlan, requests: dict[int, Request]) -> tuple[StepOutput, dict[int, list[Hypothesis]]]:
         """One decoder step for the planned sentences -> (finished ids and the others' widths, the
