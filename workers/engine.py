@@ -187,8 +187,10 @@ class Engine:
         entries = [self._encoded.pop(i) for i in ids]
         dev = self.model.device
         index = torch.tensor(blocks, device=dev)  # (A,)
-        for batch in {id(b): b for b, _ in entries}.values():  # each encode batch the admitted came from
-            members = [j for j, (b, _) in enumerate(entries) if b is batch]
+        groups: dict[int, tuple[EncodedBatch, list[int]]] = {}  # each encode batch the admitted came from
+        for j, (batch, _) in enumerate(entries):
+            groups.setdefault(id(batch), (batch, []))[1].append(j)
+        for batch, members in groups.values():
             lengths = [len(sources[ids[j]]) for j in members]
             slots = index if len(members) == len(ids) else torch.tensor([blocks[j] for j in members], device=dev)
             self.cache.admit(slots, batch.select([entries[j][1] for j in members], max(lengths)),

@@ -12,6 +12,7 @@ import torch
 
 from workers.config import ModelConfig
 from workers.cache import EncodedBatch, KVCache
+from workers.engine import prefix_mask
 from workers.model import MarianModel
 from workers.native import load as load_native
 from workers.step_ops import ATEN, NativeOps
@@ -173,8 +174,7 @@ def test_encoded_batch_admits_any_of_its_sentences_into_any_slot(model, rows):
     cache = model.new_cache(4, 2, max(map(len, sources)), zeroed=True)
     for rows_, slots in (([2, 0], [3, 1]), ([3], [0]), ([1], [2])):
         lengths = [len(sources[r]) for r in rows_]
-        mask = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]
-        cache.admit(torch.tensor(slots), encoded.select(rows_, max(lengths)), mask)
+        cache.admit(torch.tensor(slots), encoded.select(rows_, max(lengths)), prefix_mask(lengths, max(lengths)))
     for r, slot in ((2, 3), (0, 1), (3, 0), (1, 2)):
         n = len(sources[r])
         alone = model.cross_kv(model.encode(*batch([sources[r]])))
