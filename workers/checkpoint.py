@@ -157,6 +157,7 @@ def load_checkpoint(read: Reader, dtype: torch.dtype = torch.float32,
     tokenizer, cfg, hf = load_tokenizer(read)
     model = MarianModel(cfg)
     load_state(model, read_weights(read))
+    model.logits_bias()  # whether the bias is zero, read here on the host (a device never reads it back)
     model = model.to(device=device, dtype=dtype).eval()
     return Checkpoint(model, tokenizer, hf)
 

@@ -259,6 +259,7 @@ class MarianModel(nn.Module):
         self.register_buffer("final_logits_bias", torch.zeros(1, cfg.decoder_vocab_size))
         self.vocab_head: nn.Module | None = None  # faster full-vocabulary output layer (workers/speedups.py)
         self.pack_head = None  # (weight (C, E), bias) -> module: a faster shortlist head (workers/speedups.py)
+        self.has_logits_bias: bool | None = None  # read from the weights once (load_checkpoint: on the host)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.decoder.embed_tokens.weight
 
@@ -280,8 +281,12 @@ class MarianModel(nn.Module):
 
     def logits_bias(self) -> Tensor | None:
         """``final_logits_bias`` (V,), or None when it is all zeros (most Marian checkpoints): a bias
-        makes the output GEMM first copy it into the (N, V) result, a measurable cost per step."""
-        return self.final_logits_bias[0] if bool(self.final_logits_bias.any()) else None
+        makes the output GEMM first copy it into the (N, V) result, a measurable cost per step. Whether it
+        is zero is read once per model (``load_checkpoint`` reads it on the host, before the move to a
+        device), not once per decode."""
+        if self.has_logits_bias is None:
+            self.has_logits_bias = bool(self.final_logits_bias.any())
+        return self.final_logits_bias[0] if self.has_logits_bias else None
 
     def output_head(self, candidates: Tensor | None = None) -> OutputHead:
         """The output layer, over the whole vocabulary or cut to a shortlist of target ids (C,):

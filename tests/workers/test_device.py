@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-from workers.config import SearchConfig
+from workers.config import PruningConfig, SearchConfig
 from workers.scheduler import Policy, SchedulerConfig
 from workers.shortlist import LexicalTable, Shortlist
 from workers.step_ops import ATEN
@@ -88,3 +90,52 @@ def test_batch_decoding_with_the_static_step_runs_its_batches_on_one_engine(tran
     assert len(built) == 1  # (the static step attends over the full capacity: equal scores to ~1e-7)
     translator.decode_ids(sources, cfg)
     assert len(built) == 4  # (without it: one engine per batch)
+
+
+class _Stepped(Exception):
+    """Raised after the first device step: its readback needs data, which meta tensors do not hold."""
+
+
+class _CrossDevice(TorchDispatchMode):
+    """Records every operator that mixes host tensors with the device's: on a GPU, a host-to-device
+    copy inside a captured step (a CUDA graph would replay a stale host value, or refuse to capture)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mixed: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        tensors = [a for a in tree_leaves((args, kwargs or {})) if isinstance(a, torch.Tensor)]
+        if len({a.device.type for a in tensors}) > 1:
+            self.mixed.append(str(func))
+        return func(*args, **kwargs or {})
+
+
+@pytest.mark.parametrize("beam, static, pruning", [(3, True, None), (1, True, None), (3, False, None),
+                                                   (1, False, None), (3, True, PruningConfig(rp=0.6, mc=2)),
+                                                   (3, False, PruningConfig(rp=0.6, mc=2))])
+def test_the_device_step_never_reads_the_device(demo_model_dir, beam, static, pruning):
+    """The step a CUDA graph captures (``Engine._device_step``: model step, search step, pools,
+    reorder) runs here on a ``meta`` model, where any read of a tensor's values (``.item()``,
+    ``bool()``, ``nonzero``, a boolean-mask index) raises: so the step has no host sync and a data-
+    independent shape, which capture needs, and it creates nothing from host values."""
+    from workers.engine import Engine, StaticStep
+
+    sources = Translator.load(str(demo_model_dir)).encode(TEXTS[:2] + TEXTS[3:])
+    model = Translator.load(str(demo_model_dir), device="meta").checkpoint.model
+    sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2, beam_size=beam)
+    engine = Engine(model, SearchConfig(beam_size=beam, pruning=pruning or PruningConfig()), sched,
+                    static=StaticStep() if static else None)
+    step, seen = engine._device_step, {}
+
+    def watched(ix):
+        with _CrossDevice() as watch:
+            seen["packed"] = step(ix)
+        seen["mixed"] = watch.mixed
+        raise _Stepped
+
+    engine._device_step = watched
+    with pytest.raises(_Stepped):  # (not a meta "cannot read" error from inside the step)
+        engine.decode(sources)
+    assert seen["packed"].device.type == "meta" and seen["packed"].shape[0] == 2
+    assert seen["mixed"] == []
