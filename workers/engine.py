@@ -39,7 +39,7 @@ from workers.beams import Readback, SlotState, stop_mask
 from workers.cache import EncodedBatch, KVCache
 from workers.config import SearchConfig
 from workers.scheduler import Policy, Request, Scheduler, SchedulerConfig, SchedulerStats, StepOutput, StepPlan
-from workers.graphs import GraphedStep, staging_buffer
+from workers.graphs import GraphedStep, Staging
 from workers.step_index import StepIndex
 from workers.search import Candidates, Hypothesis, RowTop, greedy_select, row_top_log_probs, score_step
 
@@ -148,9 +148,9 @@ class Engine:
                                   device=dev)
         self._head = self.model.output_head(self.candidates)
         self._beams = torch.arange(k, device=dev)  # (K,)
-        # a pinned staging buffer makes the step's one host-to-device copy asynchronous on a GPU; the
-        # step's readback has waited for the previous copy before the buffer is written again
-        self._staging = staging_buffer(4 * slots * k + 3 * slots, dev)
+        # pinned staging buffers make the step's one host-to-device copy asynchronous on a GPU
+        ahead = self.static.readback_every if self.static else 1  # steps the host may run ahead of the device
+        self._staging = Staging.for_device(4 * slots * k + 3 * slots, dev, ahead)
         if self.candidates is not None:
             self.stats.shortlist_sizes.append(int(self.candidates.numel()))
         self._free, self._slot, self._encoded = list(range(slots)), {}, {}  # _encoded: id -> (its batch's K/V, row)
@@ -217,9 +217,7 @@ class Engine:
         ``array``: 3.5x faster than ``torch.tensor`` on a list of 2k ints.)"""
         packed = torch.frombuffer(array.array("q", values), dtype=torch.long) if values else \
             torch.empty(0, dtype=torch.long)
-        if self._staging is not None:
-            packed = self._staging[: packed.numel()].copy_(packed)
-        return packed.to(self.model.device, non_blocking=True)
+        return packed.to(self.model.device) if self._staging is None else self._staging.to_device(packed)
 
     def _static_indices(self, plan: StepPlan, requests: dict[int, Request]) -> StepIndex:
         """Every slot's K rows, every step: planned sentences at their length, the others at the

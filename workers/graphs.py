@@ -1,5 +1,5 @@
 """What only a CUDA device needs, in one place (nano-vllm keeps every ``.cuda()`` in one runner file):
-the static step captured as a CUDA graph, and the pinned buffer the step's indices are staged in.
+the static step captured as a CUDA graph, and the pinned buffers the step's indices are staged in.
 The engine asks for them once per decode, on a CUDA device only; elsewhere it never comes here.
 """
 from __future__ import annotations
@@ -8,12 +8,35 @@ import torch
 from torch import Tensor
 
 
-def staging_buffer(size: int, device: torch.device) -> Tensor | None:
-    """A pinned host buffer of ``size`` int64 for the step's host-to-device copy, so the copy is
-    asynchronous; None off CUDA (the copy is nothing there)."""
-    if device.type != "cuda":
-        return None
-    return torch.empty(size, dtype=torch.long, device="cpu", pin_memory=True)
+class Staging:
+    """Pinned host buffers for the step's host-to-device copy, so the copy is asynchronous (CUDA only:
+    ``for_device`` gives None elsewhere, where the copy is nothing).
+
+    The host writes a buffer, then the device reads it when its stream reaches the copy. A buffer is
+    written again only once that copy has run (an event per buffer): the dynamic step's readback
+    waits for the device every step anyway, but the static step reads back every few steps, so the
+    host runs up to ``depth`` steps ahead and a single buffer would be overwritten before the device
+    read it."""
+
+    def __init__(self, size: int, device: torch.device, depth: int) -> None:
+        self.device = device
+        self.buffers = [torch.empty(size, dtype=torch.long, device="cpu", pin_memory=True) for _ in range(depth)]
+        self.copied: list[torch.cuda.Event | None] = [None] * depth
+        self.turn = 0
+
+    @classmethod
+    def for_device(cls, size: int, device: torch.device, depth: int = 1) -> "Staging | None":
+        return cls(size, device, depth + 1) if device.type == "cuda" else None
+
+    def to_device(self, values: Tensor) -> Tensor:
+        """values (M,) int64 on the host -> the same on the device, copied asynchronously."""
+        i, self.turn = self.turn, (self.turn + 1) % len(self.buffers)
+        if self.copied[i] is not None:
+            self.copied[i].synchronize()  # (long done, unless the host is ``depth`` steps ahead)
+        out = self.buffers[i][: values.numel()].copy_(values).to(self.device, non_blocking=True)
+        self.copied[i] = torch.cuda.Event()
+        self.copied[i].record()
+        return out
 
 
 class GraphedStep:

@@ -109,3 +109,14 @@ def test_a_gpu_decoder_gets_the_fused_triton_output_step(cuda):
         model.model.decoder.ops = ops
     same = sum(a == b for a, b in zip(fused, aten))
     assert same >= 0.97 * len(src), f"{same}/{len(src)} identical"  # summation order differs from ATen's
+
+
+def test_staged_index_copies_survive_a_host_running_ahead_of_the_device():
+    from workers.graphs import Staging
+
+    staging = Staging.for_device(4, torch.device("cuda"), depth=2)
+    copies = []
+    for i in range(6):
+        torch.cuda._sleep(20_000_000)  # the device lags the host, as under a deferred readback
+        copies.append(staging.to_device(torch.full((4,), i, dtype=torch.long)))
+    assert [c.tolist() for c in copies] == [[i] * 4 for i in range(6)]  # no buffer rewritten before its copy ran
