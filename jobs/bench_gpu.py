@@ -17,7 +17,8 @@ the shortlist on/off x pruning on/off table at beam 14 (``--shortlist``: a lex.s
 built where eflomal runs, e.g. ``python -m jobs.build_shortlist``; without it, pruning only);
 ``--tables output`` the output step alone: ATen's log-softmax + top-k against the fused Triton
 kernels (workers/triton_ops.py), each against the bytes-moved floor (reading the logits once at the
-device's measured copy bandwidth).
+device's measured copy bandwidth); and one layer's self-attention step: ATen's gathered copy
+against the Triton kernel reading through the ancestry in place, against its floor.
 ``--synthetic-base`` adds a randomly initialised transformer-base-shaped model (d 512, 6+6
 layers, vocabulary 32k, seeded) for GEMM-bound throughput (ours only: no reference outputs).
 """
@@ -195,6 +196,46 @@ def output_step_rows(device: torch.device, vocab: int, row_counts: list[int], k:
     return rows, bandwidth
 
 
+def attention_rows(device: torch.device, model: torch.nn.Module, row_counts: list[int], histories: list[int],
+                   capacity: int, bandwidth: float) -> list[dict]:
+    """One layer's self-attention step alone, every row over a ``history``-long prefix through the
+    cache's ancestry: ATen's path (gather a (t, N, H, D) copy, mask, attend) against the Triton kernel
+    reading in place, over the step's history (the dynamic step: t = history) and over the cache's
+    whole ``capacity`` (the static step: ATen reads it all, the kernel each row's own prefix). The
+    floor: each row's K and V prefix read once, at the device's copy bandwidth."""
+    from workers import triton_ops
+    from workers.step_ops import attend
+
+    sa = model.model.decoder.layers[0].self_attn
+    h, d, dtype = sa.num_heads, sa.head_dim, next(model.parameters()).dtype
+    rows = []
+    for n, history in ((n, x) for n in row_counts for x in histories):
+        for t in sorted({history, max(capacity, history)}):
+            keys, values = (torch.randn(t, n, h, d, device=device).to(dtype) for _ in range(2))
+            ancestry = torch.randint(0, n, (t, n), device=device)
+            reads = torch.full((n,), history, device=device)
+            q = torch.randn(n, h, d, device=device).to(dtype)
+            steps, mask = torch.arange(t, device=device), None
+            if t > history:
+                mask = (steps[None, :] < reads[:, None])[:, None, None, :]
+
+            def aten():
+                k = keys[steps[:, None], ancestry].permute(1, 2, 0, 3)  # (N, H, t, D), gathered
+                v = values[steps[:, None], ancestry].permute(1, 2, 0, 3)
+                return attend(q[:, :, None], k, v, mask)
+            kernels = {"aten gather": aten}
+            if device.type == "cuda" and triton_ops.available():
+                kernels["triton in place"] = lambda: triton_ops.ancestry_attention(q, keys, values, ancestry, reads,
+                                                                                   d ** -0.5)
+            floor = 2 * n * history * h * d * keys.element_size() / bandwidth
+            for name, fn in kernels.items():
+                seconds = device_seconds(device, fn, 20)
+                rows.append({"rows": n, "history": history, "t": t, "dtype": str(dtype).removeprefix("torch."),
+                             "kernel": name, "us": round(seconds * 1e6, 1), "floor_us": round(floor * 1e6, 1),
+                             "floor_share": round(floor / seconds, 3)})
+    return rows
+
+
 def search_runs(translator: Translator, beam: int, n: int, shortlist_path: str | None) -> list[Run]:
     """Shortlist on/off x pruning on/off, top-up batching, beam ``beam``: the seeds' GPU search table."""
     exact = SearchConfig(beam_size=beam, max_length_a=1.5, max_length_b=10, max_decoding_length=256)
@@ -272,6 +313,7 @@ def main(argv: list[str] | None = None) -> None:
             report["tables"][f"{set_name}/beam{beam}"] = {"rows": rows, "ours_best_over_hf_best": ratio}
             md += [f"## {set_name}, beam {beam}, {len(lines)} lines\n", markdown_table(rows), "",
                    f"ours best / HF best = {ratio} ({best['ours']['system']} vs {best['hf']['system']})", ""]
+            write_report(args.out, report, md, echo=False)  # each table as it ends: a timed-out run keeps them
         batched = replace(translator, max_batch_size=args.batch_sentences)  # FIXED / mini / maxi-batch: n sentences
         if "batching" in args.tables:
             for beam in map(int, args.batching_beams.split(",")):
@@ -281,6 +323,7 @@ def main(argv: list[str] | None = None) -> None:
                 rows = table(runs, refs[:len(subset)], "FIXED")
                 report["tables"][f"{set_name}/batching/beam{beam}"] = {"rows": rows, "targets": targets(rows)}
                 md += [f"## {set_name}, seeds' batching table, k={beam}, {len(subset)} lines\n", markdown_table(rows), ""]
+                write_report(args.out, report, md, echo=False)
         if "topup" in args.tables:
             beam = int(args.batching_beams.split(",")[0])
             runs = topup_systems(beam, args.batch_sentences, 256)
@@ -289,6 +332,7 @@ def main(argv: list[str] | None = None) -> None:
             report["tables"][f"{set_name}/topup/beam{beam}"] = {"rows": rows}
             md += [f"## {set_name}, top-up paper's table, k={beam}, n={args.batch_sentences}, {len(lines)} lines\n",
                    markdown_table(rows), ""]
+            write_report(args.out, report, md, echo=False)
         if "search" in args.tables:
             runs = search_runs(translator, args.search_beam, args.batch_sentences, args.shortlist)
             run_all(batched, lines, runs, args.repeats)
@@ -296,12 +340,20 @@ def main(argv: list[str] | None = None) -> None:
             report["tables"][f"{set_name}/search/beam{args.search_beam}"] = {"rows": rows, "shortlist": args.shortlist}
             md += [f"## {set_name}, shortlist x pruning, k={args.search_beam}, top-up n={args.batch_sentences}, "
                    f"{len(lines)} lines (shortlist: {args.shortlist or 'none given'})\n", markdown_table(rows), ""]
+            write_report(args.out, report, md, echo=False)
     if "output" in args.tables:
         vocab = translator.checkpoint.model.config.decoder_vocab_size
         rows, bandwidth = output_step_rows(device, vocab, [int(n) for n in args.output_rows.split(",")])
         report["tables"]["output-step"] = {"rows": rows, "copy_bytes_per_s": bandwidth}
         md += [f"## The output step alone: log-softmax + top-10 over {vocab} columns (copy bandwidth "
                f"{bandwidth / 1e9:.0f} GB/s; floor = the logits read once)\n", markdown_table(rows), ""]
+        write_report(args.out, report, md, echo=False)
+        rows = attention_rows(device, translator.checkpoint.model, [int(n) for n in args.output_rows.split(",")],
+                              [16, 64], 257, bandwidth)
+        report["tables"]["self-attention-step"] = {"rows": rows}
+        md += ["## One layer's self-attention step alone: each row over its history, through the ancestry "
+               "(t = 257: a static step's capacity; floor = each row's K/V prefix read once)\n", markdown_table(rows), ""]
+        write_report(args.out, report, md, echo=False)
     if args.synthetic_base:
         base = synthetic_runner(translator, device, dtype)
         lines = read_lines(os.path.join(args.data, SETS["wmt22"][0]), args.lines)

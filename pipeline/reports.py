@@ -27,11 +27,12 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_report(out: str, report: dict, markdown: list[str]) -> None:
-    """``<out>.json`` and ``<out>.md``; the Markdown is printed too."""
+def write_report(out: str, report: dict, markdown: list[str], echo: bool = True) -> None:
+    """``<out>.json`` and ``<out>.md``; the Markdown is printed too (``echo``)."""
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out + ".json", "w") as f:
         json.dump(report, f, indent=1)
     with open(out + ".md", "w") as f:
         f.write("\n".join(markdown) + "\n")
-    print("\n".join(markdown))
+    if echo:
+        print("\n".join(markdown))

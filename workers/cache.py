@@ -39,7 +39,8 @@ class StepAt:
     they are consecutive, else -1); t visible positions (max position + 1); s the longest planned
     source; shared: every row at position t - 1 (no mask needed); ancestry (t, N) the rows' ancestry,
     gathered once for every layer; mask (N, 1, 1, t) bool for the ATen path (a zeroed cache), None
-    when shared.
+    when shared; reads (N,) how many positions each row attends over: its position + 1 (a static
+    step's idle rows, whose output is discarded: 1), for kernels that read only a row's own history.
     """
 
     rows: Tensor
@@ -53,6 +54,7 @@ class StepAt:
     shared: bool
     ancestry: Tensor
     mask: Tensor | None
+    reads: Tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,9 +135,10 @@ class KVCache:
         self.source_lengths[slots] = src_mask.sum(1)
 
     def step_at(self, tokens: Tensor, rows: Tensor, positions: Tensor, grid: Tensor, slots: Tensor, *,
-                t: int, s: int, shared: bool, first: int) -> StepAt:
+                t: int, s: int, shared: bool, first: int, idle: Tensor | None = None) -> StepAt:
         """Record the run rows' input tokens (N,) and make each row its own ancestor at its position,
-        then gather the rows' ancestry (t, N) once for every layer."""
+        then gather the rows' ancestry (t, N) once for every layer. ``idle`` (N,) bool: rows run only
+        for the step's shape (a static step's unplanned slots), whose output is discarded."""
         self.reserve(t)
         self.tokens[positions, rows] = tokens
         self.ancestry[positions, rows] = rows
@@ -145,8 +148,9 @@ class KVCache:
             # native kernels, which bound each row by its own position)
             steps = torch.arange(t, device=rows.device)
             mask = (steps[None, :] <= positions[:, None])[:, None, None, :]  # (N, 1, 1, t)
+        reads = positions + 1 if idle is None else torch.where(idle, 1, positions + 1)  # (N,)
         return StepAt(rows, positions, grid, torch.div(rows, self.beam_size, rounding_mode="floor"), slots, first,
-                      t, s, shared, ancestry, mask)
+                      t, s, shared, ancestry, mask, reads)
 
     def reorder(self, src_rows: Tensor, dst_rows: Tensor, length: int) -> None:
         """Row dst_rows[i] continues the history of src_rows[i] (M,): the first ``length`` positions."""

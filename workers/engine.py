@@ -306,8 +306,9 @@ class Engine:
         k, st, cache, ix = self.search.beam_size, self.state, self.cache, ix.as_masks()
         slots, t = ix.slots, ix.t
         tokens = st.last[ix.rows]  # (N,)
+        idle = None if ix.planned is None else ~ix.planned[:, None].expand(-1, k).reshape(-1)  # (R,): static
         at = cache.step_at(tokens, ix.rows, ix.positions, ix.grid_all, slots, t=t, s=ix.s, shared=ix.shared,
-                           first=ix.first)
+                           first=ix.first, idle=idle)
         logits = self.model.decode_step(tokens, at, cache, self._head)  # (N, V|C)
         if ix.planned is None:
             if self.model.ops.beam_kernel is not None:  # the CPU's one-call beam step (greedy included)

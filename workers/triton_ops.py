@@ -1,4 +1,5 @@
-"""The GPU's fused log-softmax + top-k (the top-up paper's Algorithm 3) as two Triton kernels.
+"""The GPU's step kernels in Triton: the fused log-softmax + top-k (the top-up paper's Algorithm 3)
+and self-attention read in place through the cache's ancestry.
 
 ATen's output step on a GPU is four kernels and three passes over the (N, V) logits: a float32
 copy (bf16 logits), ``log_softmax`` (reads, writes), the ``<pad>`` ban, ``topk`` (reads again).
@@ -15,8 +16,12 @@ The bytes-moved floor of the step is reading the logits once (N x V x the dtype'
 ``jobs/bench_gpu.py`` measures both against it. Log-probs are float32 whatever the logits' dtype.
 
 ``TritonOps`` is the step backend a GPU decoder gets (``device_ops``): ATen's, with this
-``row_top``. The same kernels run on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``,
-set before this module is imported), which is how CI tests them (tests/workers/test_triton_ops.py).
+``row_top`` and ``self_attention`` through ``_ancestry_attention``: each row reads its own K/V
+history in place through the cache's ancestry table (workers/cache.py), where ATen's path gathers a
+(t, N, H, D) copy of every row's keys and values over the step's longest history, per layer (a
+static step's t is the cache's whole capacity). The same kernels run on the CPU under Triton's
+interpreter (``TRITON_INTERPRET=1``, set before this module is imported), which is how CI tests them
+(tests/workers/test_triton_ops.py).
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import os
 import torch
 from torch import Tensor
 
+from workers.cache import KVCache, StepAt
 from workers.step_ops import ATEN, AtenOps
 
 logger = logging.getLogger(__name__)
@@ -81,6 +87,30 @@ if triton is not None:
             tl.store(out_col + row * K + i, tl.where(best > float("-inf"), picked, fill))
             val = tl.where(j == where, float("-inf"), val)
 
+    @triton.jit
+    def _ancestry_attention(q, keys, values, ancestry, reads, out, stride_kt, stride_kr, stride_at, n_rows, scale,
+                            H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr):
+        row, head = tl.program_id(0), tl.program_id(1)
+        d = tl.arange(0, D)
+        query = tl.load(q + (row * H + head) * D + d).to(tl.float32) * scale  # (D,)
+        count = tl.load(reads + row)  # positions 0 .. count - 1: the row's own history, nothing past it
+        best, total, acc = float("-inf"), 0.0, tl.zeros((D,), dtype=tl.float32)
+        for start in range(0, count, BLOCK_T):
+            p = start + tl.arange(0, BLOCK_T)  # (BLOCK_T,)
+            inside = p < count
+            src = tl.load(ancestry + p.to(tl.int64) * stride_at + row, mask=inside, other=0)  # the row's ancestor at p
+            at = p.to(tl.int64)[:, None] * stride_kt + src[:, None] * stride_kr + head * D + d[None, :]  # (BLOCK_T, D)
+            k = tl.load(keys + at, mask=inside[:, None], other=0.0).to(tl.float32)
+            scores = tl.where(inside, tl.sum(k * query[None, :], axis=1), float("-inf"))
+            new_best = tl.maximum(best, tl.max(scores, axis=0))
+            weights = tl.exp(scores - new_best)
+            rescale = tl.exp(best - new_best)
+            v = tl.load(values + at, mask=inside[:, None], other=0.0).to(tl.float32)
+            total = total * rescale + tl.sum(weights, axis=0)
+            acc = acc * rescale + tl.sum(weights[:, None] * v, axis=0)
+            best = new_best
+        tl.store(out + (row * H + head) * D + d, tl.where(total > 0, acc / total, 0.0).to(out.dtype.element_ty))
+
 
 def available() -> bool:
     """Whether the kernels can run here: Triton imports, and a GPU (or the interpreter) runs them."""
@@ -121,6 +151,24 @@ def row_top_log_softmax(logits: Tensor, k: int, skip: int = -1) -> tuple[Tensor,
     return out_val, out_col
 
 
+def ancestry_attention(q: Tensor, keys: Tensor, values: Tensor, ancestry: Tensor, reads: Tensor,
+                       scale: float) -> Tensor:
+    """One query per row over its own history, read in place through the ancestry table (no gathered
+    copy of the K/V). q (N, H, D); keys/values (T, R, H, D), one layer of the cache (unit strides
+    over H and D); ancestry (t, N): the cache row holding position p of run row n; reads (N,): how
+    many positions row n attends over (its position + 1) -> (N, H, D) in q's dtype, float32 inside.
+    Bytes moved: each row's own K/V once (the floor), where ATen's gather writes (t, N, H, D) and
+    reads it again, over every row's t, not its own length."""
+    n, h, d = q.shape
+    out = torch.empty_like(q)
+    if n == 0:
+        return out
+    assert keys.stride(3) == 1 and keys.stride(2) == d and keys.stride() == values.stride(), "one cache layer"
+    _ancestry_attention[(n, h)](q.contiguous(), keys, values, ancestry, reads, out, keys.stride(0), keys.stride(1),
+                                ancestry.stride(0), n, scale, H=h, D=d, BLOCK_T=32)
+    return out
+
+
 class TritonOps(AtenOps):
     """ATen's operators with the fused Triton ``row_top``: the GPU decoder's backend."""
 
@@ -128,6 +176,18 @@ class TritonOps(AtenOps):
         if logits.device.type != "cuda" and not INTERPRETED:
             return ATEN.row_top(logits, num, skip)
         return row_top_log_softmax(logits, num, skip)
+
+    def self_attention(self, sa, x: Tensor, cache: KVCache, layer: int, at: StepAt) -> Tensor:
+        """ATen's K/V write, then ``ancestry_attention``: each row reads its own history in place.
+        x (N, E) -> (N, E)."""
+        if x.device.type != "cuda" and not INTERPRETED:
+            return ATEN.self_attention(sa, x, cache, layer, at)
+        q, k, v = sa.step_qkv(x)  # (N, E), (N, H, D), (N, H, D)
+        cache.self_k[at.positions, layer, at.rows], cache.self_v[at.positions, layer, at.rows] = k, v
+        n = x.shape[0]
+        out = ancestry_attention(q.reshape(n, sa.num_heads, sa.head_dim), cache.self_k[:, layer],
+                                 cache.self_v[:, layer], at.ancestry, at.reads, sa.head_dim ** -0.5)
+        return out.view(n, -1)
 
 
 def device_ops(device: torch.device) -> AtenOps:

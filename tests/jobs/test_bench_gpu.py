@@ -40,4 +40,7 @@ def test_bench_gpu_smoke_on_the_cpu(demo_model_dir, tmp_path):
     output = report["tables"]["output-step"]["rows"]
     assert {(r["logits"], r["kernel"]) for r in output} == {("float32", "aten"), ("bfloat16", "aten")}  # no GPU
     assert all(r["rows"] == 4 and r["vocab"] == 8001 and 0 < r["floor_share"] for r in output)
+    attention = report["tables"]["self-attention-step"]["rows"]
+    assert {(r["history"], r["t"]) for r in attention} == {(16, 16), (16, 257), (64, 64), (64, 257)}
+    assert {r["kernel"] for r in attention} == {"aten gather"} and all(r["floor_share"] > 0 for r in attention)
     assert "# GPU benchmark on CPU" in out.with_suffix(".md").read_text()

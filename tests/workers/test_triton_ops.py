@@ -68,6 +68,35 @@ def test_a_strided_and_a_bf16_logits_matrix():
 
 
 @kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t, n", [(13, 6), (70, 5), (1, 3), (5, 0)])
+def test_attention_through_the_ancestry_equals_atens_gathered_attention(t, n, dtype):
+    """Each row over its own history, read in place through the ancestry (``ancestry_attention``),
+    against ATen's path: gather the (t, N, H, D) copy, mask past each row's position, attend. Row 0
+    reads the whole history, the last (an idle static row) only position 0, across BLOCK_T chunks."""
+    from workers.step_ops import attend
+    torch.manual_seed(t * 31 + n)
+    big, rows, h, d = 80, 9, 4, 16
+    cache = torch.randn(big, 2, rows, h, d, device=DEVICE).to(dtype)  # (T, L, R, H, D): one layer of two
+    keys, values = cache[:, 1], cache.flip(0)[:, 1]  # strided views, as the cache's layer is
+    ancestry = torch.randint(0, rows, (t, n), device=DEVICE)
+    positions = torch.randint(0, t, (n,), device=DEVICE)
+    reads = positions + 1
+    if n:
+        positions[0], reads[0], reads[-1] = t - 1, t, 1
+    q = torch.randn(n, h, d, device=DEVICE).to(dtype)
+    got = triton_ops.ancestry_attention(q, keys, values, ancestry, reads, d ** -0.5)
+    steps = torch.arange(t, device=DEVICE)[:, None]
+    k = keys[steps, ancestry].permute(1, 2, 0, 3).float()  # (N, H, t, D)
+    v = values[steps, ancestry].permute(1, 2, 0, 3).float()
+    mask = (torch.arange(t, device=DEVICE)[None, :] < reads[:, None])[:, None, None, :]
+    want = attend(q[:, :, None].float(), k, v, mask)[:, :, 0]
+    assert got.dtype == dtype and got.shape == (n, h, d)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(got.float(), want, **tol)
+
+
+@kernels
 def test_equal_values_keep_the_lower_column_first_across_chunks():
     logits = torch.zeros(2, 5000, device=DEVICE)
     logits[:, [4500, 30, 2100, 31]] = 3.0  # ties in three chunks of 2048 columns
