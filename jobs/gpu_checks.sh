@@ -1,29 +1,48 @@
 #!/usr/bin/env bash
-# Everything issue 16 measures, in one call on a lent GPU machine (torch, transformers,
-# sentencepiece, safetensors, sacrebleu, pyarrow, triton; no Ray, no CTranslate2):
-#   device run, carry ["data-gpu"]:  bash jobs/gpu_checks.sh
-# Writes full logs and the reports under $OUT (or out-gpu/); prints the short tables last.
-# A full bench_gpu run may not fit one 10-minute call: split it with BENCH_ARGS, e.g.
-#   BENCH_ARGS="--sets multi30k" bash jobs/gpu_checks.sh, then --sets wmt22 --tables peers,batching.
+# Everything issue 16 measures, on a lent GPU machine (torch, transformers, sentencepiece,
+# safetensors, sacrebleu, pyarrow, triton; no Ray, no CTranslate2), in three device calls that
+# each fit the tool's 10 minutes (the session has 30 minutes of device time, each call ~1-2 to start):
+#   device run, carry ["data-gpu"]:  bash jobs/gpu_checks.sh 1   # tests, the product, ours vs HF, kernels
+#                                    bash jobs/gpu_checks.sh 2   # the seeds' tables (batching, top-up, search)
+#                                    bash jobs/gpu_checks.sh 3   # bf16, WMT22, the synthetic base model
+# Writes full logs and the reports under $OUT (or out-gpu/); every bench_gpu report is written table
+# by table, so a call cut short keeps what it finished. Prints the short tables last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+stage=${1:-1}
 out=${OUT:-out-gpu}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 RAYMT_SHARED_DATA=data-gpu
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
-python3 -m pytest -q -m gpu -p no:cacheprovider tests/workers/test_gpu.py 2>&1 | tail -30 | tee "$out/tests-gpu.log"
-python3 -m pytest -q -p no:cacheprovider tests/workers/test_triton_ops.py 2>&1 | tail -15 | tee "$out/tests-triton.log"
-for n in 0 4; do  # the product end to end on the GPU (in-process: no Ray there), dynamic vs static step
-  start=$(date +%s%N)
-  python3 -m jobs.translate --in-process --device ${DEVICE:-cuda} --batching topup --max-batch-size 256 --static-step $n \
-    --model models/demo-de-en --input data-gpu/multi30k/test_2016_flickr.de --output "$out/m30k-static$n.en" \
-    >> "$out/translate.log" 2>&1
-  echo "jobs.translate --static-step $n: exit $?, $(( ($(date +%s%N) - start) / 1000000 )) ms" | tee -a "$out/translate.log"
-done
-cmp -s "$out/m30k-static0.en" "$out/m30k-static4.en" && echo "static = dynamic output" || echo "static != dynamic output"
 name=$(python3 -c "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" \
   | grep -oiE 'h100|h200|a100|l4|l40s|t4|v100|cpu' | head -1 | tr A-Z a-z)
-timeout ${BENCH_SECONDS:-420} python3 -m jobs.bench_gpu --data data-gpu --shortlist data-gpu/lex.s2t \
-  --out "$out/gpu-${name:-gpu}" ${BENCH_ARGS:-} > "$out/bench.log" 2>&1
-echo "bench_gpu exit $?"; tail -5 "$out/bench.log"
-grep -h -A12 "^## " "$out"/gpu-*.md 2>/dev/null | head -150
+bench() {  # bench <seconds> <report name> <bench_gpu args...>
+  local seconds=$1 report=$2; shift 2
+  timeout "$seconds" python3 -m jobs.bench_gpu --data data-gpu --shortlist data-gpu/lex.s2t \
+    --out "$out/gpu-${name:-gpu}-$report" "$@" >> "$out/bench-$report.log" 2>&1
+  echo "bench_gpu $report: exit $?"
+}
+if [ "$stage" = 1 ]; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+  python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" \
+    | tee -a "$out/gpu.txt"
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/workers/test_gpu.py 2>&1 | tail -30 \
+    | tee "$out/tests-gpu.log"
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/workers/test_triton_ops.py 2>&1 | tail -15 \
+    | tee "$out/tests-triton.log"
+  for n in 0 4; do  # the product end to end on the GPU (in-process: no Ray there), dynamic vs static step
+    start=$(date +%s%N)
+    timeout 60 python3 -m jobs.translate --in-process --device cuda --batching topup --max-batch-size 256 \
+      --static-step $n --model models/demo-de-en --input data-gpu/multi30k/test_2016_flickr.de \
+      --output "$out/m30k-static$n.en" >> "$out/translate.log" 2>&1
+    echo "jobs.translate --static-step $n: exit $?, $(( ($(date +%s%N) - start) / 1000000 )) ms" | tee -a "$out/translate.log"
+  done
+  cmp -s "$out/m30k-static0.en" "$out/m30k-static4.en" && echo "static = dynamic output" || echo "static != dynamic output"
+  bench 300 m30k --sets multi30k --tables peers,output
+elif [ "$stage" = 2 ]; then
+  bench 520 m30k-seeds --sets multi30k --tables batching,topup,search
+else
+  bench 200 m30k-bf16 --sets multi30k --tables peers --bf16 --hf-batches 128,512
+  bench 330 wmt22 --sets wmt22 --beams 5 --tables peers --hf-batches 128,512 --repeats 2 --synthetic-base
+fi
+for f in "$out"/bench-*.log; do echo "== $f"; tail -3 "$f"; done
+grep -h -A14 "^## " "$out"/gpu-*.md 2>/dev/null | cut -c1-160 | head -160
