@@ -54,6 +54,7 @@ class Measured:
     tokens: int = 0
     texts: list[str] = field(default_factory=list)
     peak_mb: float = 0.0
+    steps: int = 0  # decoder steps of one run (ours; HF: 0, not counted)
 
 
 def synchronize(device: torch.device) -> None:
@@ -105,7 +106,8 @@ def ours_runner(translator: Translator, static: StaticStep | None = None):
         batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=capacity, capacity=capacity, beam_size=beam)
         decoded = translator.decode_ids(translator.encode(lines), SearchConfig(beam_size=beam), batching=batching,
                                         static=static)
-        return [tok.decode(list(h[0].tokens)) for h in decoded.hypotheses], decoded.stats.target_tokens
+        stats = decoded.stats
+        return [tok.decode(list(h[0].tokens)) for h in decoded.hypotheses], stats.target_tokens, stats.steps
     return translate
 
 
@@ -113,7 +115,8 @@ def measure(name: str, device: torch.device, run, lines: list[str], repeats: int
     m = Measured(name)
     run(lines[:16])  # warm-up (allocator, kernels), excluded
     for _ in range(repeats):
-        seconds, (m.texts, m.tokens), peak = timed(device, lambda: run(lines))
+        seconds, result, peak = timed(device, lambda: run(lines))
+        m.texts, m.tokens, m.steps = (*result, 0)[:3]
         m.seconds.append(seconds)
         m.peak_mb = max(m.peak_mb, peak)
     return m
@@ -122,7 +125,9 @@ def measure(name: str, device: torch.device, run, lines: list[str], repeats: int
 def rows_of(measured: list[Measured], refs: list[str] | None) -> list[dict]:
     return [{"system": m.system, "tokens_per_s": round(m.tokens / statistics.median(m.seconds), 1),
              "target_tokens": m.tokens, "bleu": round(sacrebleu.corpus_bleu(m.texts, [refs]).score, 2) if refs else None,
-             "peak_device_mb": round(m.peak_mb, 1), "median_s": round(statistics.median(m.seconds), 3)} for m in measured]
+             "peak_device_mb": round(m.peak_mb, 1), "median_s": round(statistics.median(m.seconds), 3),
+             "ms_per_step": round(1e3 * statistics.median(m.seconds) / m.steps, 3) if m.steps else None}
+            for m in measured]
 
 
 def synthetic_runner(translator: Translator, device: torch.device, dtype: torch.dtype, vocab: int = 32000):

@@ -40,11 +40,13 @@ class Staging:
 
 
 class GraphedStep:
-    """The static step as a CUDA graph (issue 16): the first step runs eagerly (it warms the kernels
-    and allocator), the second is captured and every step after replays it. The captured step reads
-    the engine's persistent tensors only (cache, search state, the static index buffer), so a replay
-    is the step for that step's indices; refills happen between replays. Untested on CUDA as of this
-    commit (no GPU was lent): ``tests/workers/test_gpu.py`` checks replay against eager."""
+    """The static step as a CUDA graph (issue 16): the first step runs eagerly on a side stream (it
+    warms the kernels, cuBLAS and the allocator there, as torch's graph docs ask), the second is
+    captured and every step after replays it. The captured step reads the engine's persistent
+    tensors only (cache, search state, the static index buffer), so a replay is the step for that
+    step's indices; refills happen between replays. Capture is thread-local: a Ray actor's other
+    threads may use CUDA meanwhile. Untested on CUDA as of this commit (no GPU was lent):
+    ``tests/workers/test_gpu.py`` checks replay against eager."""
 
     def __init__(self) -> None:
         self.steps, self.graph, self.output = 0, None, None
@@ -52,10 +54,15 @@ class GraphedStep:
     def run(self, step) -> Tensor:
         self.steps += 1
         if self.steps == 1:
-            return step()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                out = step()
+            torch.cuda.current_stream().wait_stream(side)
+            return out
         if self.graph is None:
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
                 self.output = step()  # recorded, not run
         self.graph.replay()
         return self.output
