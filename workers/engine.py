@@ -16,7 +16,8 @@ Each step, for the sentences the scheduler planned:
    (``greedy_select``);
 3. one device-to-host copy (``Readback``) returns which sentences are done, the others' new widths
    and the done sentences' hypotheses: **one host sync per step**, counted in ``DecodeStats.syncs``
-   (the static step, ``StaticStep``, may read back every few steps instead).
+   (the static step, ``workers/static_step.py``, may read back every few steps instead, and
+   advances its own indices on the device while the plan is unchanged).
 
 A sentence's result does not depend on which others share its steps, so every policy returns what
 batch decoding returns (tests/workers/test_engine.py, test_stream.py).
@@ -40,6 +41,7 @@ from workers.cache import EncodedBatch, KVCache
 from workers.config import SearchConfig
 from workers.scheduler import Policy, Request, Scheduler, SchedulerConfig, SchedulerStats, StepOutput, StepPlan
 from workers.graphs import GraphedStep, Staging
+from workers.static_step import StaticIndices, StaticStep
 from workers.step_index import StepIndex
 from workers.search import Candidates, Hypothesis, RowTop, greedy_select, row_top_log_probs, score_step
 
@@ -101,31 +103,16 @@ class _Slot:
     max_length: int
 
 
-@dataclass(frozen=True, slots=True)
-class StaticStep:
-    """The one-shape step (issue 16): every slot's K rows run each step, over the full target and
-    source capacity, so a CUDA graph can capture it once and replay it. ``readback_every``: the
-    step's outcome is copied to the host every that many steps, not every step; in between, a
-    sentence that finished on the device is frozen there (its slot runs, changes nothing) until
-    the next readback frees its slot, and the host never waits on the device."""
-
-    readback_every: int = 1
-
-    def __post_init__(self) -> None:
-        if self.readback_every < 1:
-            raise ValueError(f"readback_every must be >= 1, got {self.readback_every}")
-
-
 class Engine:
     """Decodes lists of source ids under one search config and scheduler policy."""
 
     def __init__(self, model, search: SearchConfig, schedule: SchedulerConfig, *, forced_eos: bool = True,
                  candidates: Tensor | None = None, stats: DecodeStats | None = None,
                  static: StaticStep | None = None) -> None:
-        """``static``: every step has one shape (``StaticStep``). Every slot's K rows run each step
-        (rows not planned write at a scratch position and keep their state), over the full target
-        and source capacity: the step a CUDA graph can capture and replay. On the CPU it only
-        costs; the tests run it there against the dynamic step."""
+        """``static``: every step has one shape (``workers/static_step.py``). Every slot's K rows run
+        each step (rows not planned write at a scratch position and keep their state), over the
+        full target and source capacity: the step a CUDA graph can capture and replay. On the CPU
+        it only costs; the tests run it there against the dynamic step."""
         self.model, self.search, self.schedule, self.forced_eos = model, search, schedule, forced_eos
         self.candidates, self.static = candidates, static
         self.stats = stats if stats is not None else DecodeStats()
@@ -140,8 +127,6 @@ class Engine:
         caps = max_lengths([len(s) for s in sources], self.search, mc.max_position_embeddings)
         static = dict(target_capacity=max(caps) + 1, zeroed=True) if self.static else {}  # + a scratch position
         self.cache: KVCache = self.model.new_cache(slots, k, max(len(s) for s in sources), **static)
-        if self.static:  # every row and slot, every step
-            self._all_rows, self._all_slots = torch.arange(slots * k, device=dev), torch.arange(slots, device=dev)
         self.state = SlotState.empty(slots, k, max(caps), mc.pad_token_id, dev)
         lp = self.search.length_penalty
         self._norm = torch.tensor([float(n) ** lp if n else 1.0 for n in range(max(caps) + 2)], dtype=torch.float64,
@@ -154,7 +139,8 @@ class Engine:
         if self.candidates is not None:
             self.stats.shortlist_sizes.append(int(self.candidates.numel()))
         self._free, self._slot, self._encoded = list(range(slots)), {}, {}  # _encoded: id -> (its batch's K/V, row)
-        self._static_in = None  # the static step's index buffer (one per decode)
+        self._static = StaticIndices(slots, k, self.cache.max_length - 1, self.cache.cross_k.shape[3], self.forced_eos,
+                                     dev, self._to_device) if self.static else None  # (one buffer per decode)
         self._unread = 0  # static steps run since the last readback
         self._graph = GraphedStep() if self.static and dev.type == "cuda" else None
         scheduler = Scheduler(self.schedule, self.stats.scheduler)
@@ -219,37 +205,13 @@ class Engine:
             torch.empty(0, dtype=torch.long)
         return packed.to(self.model.device) if self._staging is None else self._staging.to_device(packed)
 
-    def _static_indices(self, plan: StepPlan, requests: dict[int, Request]) -> StepIndex:
-        """Every slot's K rows, every step: planned sentences at their length, the others at the
-        scratch position (the cache's last), their state kept (``planned``)."""
-        k, count, scratch = self.search.beam_size, self._all_slots.shape[0], self.cache.max_length - 1
-        length, generated, capped, planned = [scratch] * count, [1] * count, [0] * count, [0] * count
-        for i in plan.expand:
-            r, slot = requests[i], self._slot[i]
-            if r.length >= slot.max_length:  # ended at its cap on the device: awaits a readback
-                continue
-            j = slot.index
-            length[j], generated[j], planned[j] = r.length, r.length + 1, 1
-            capped[j] = int(r.length + 1 >= slot.max_length)
-        packed = self._to_device(length + generated + capped + planned)  # per slot: the rows expand on the device
-        if self._static_in is None:
-            self._static_in = torch.empty_like(packed)
-        packed = self._static_in.copy_(packed)  # one buffer, so a captured step reads each step's values
-        c = count
-        return StepIndex(self._all_rows, packed[:c], None, self._all_rows, self._all_slots, packed[c: 2 * c],
-                         packed[2 * c: 3 * c], packed[2 * c: 3 * c] if self.forced_eos else None,
-                         t=self.cache.max_length, s=self.cache.cross_k.shape[3], shared=False, first=0,
-                         planned=packed[3 * c:], order=[],  # (its readback covers every slot: _step)
-                         live_rows=sum(requests[i].width for i in plan.expand if planned[self._slot[i].index]),
-                         per_slot=k)
-
     def _indices(self, plan: StepPlan, requests: dict[int, Request]) -> StepIndex:
         """The step's indices, built on the host from what it already knows (each planned
         sentence's slot, live width and length) and copied over at once. The sentences run in slot
         order (a streaming policy plans them in admission order): rows ascend through the cache, and
         where the planned slots are consecutive the ATen path slices instead of gathering."""
         if self.static:
-            return self._static_indices(plan, requests)
+            return self._static.step_index(plan, requests, self._slot.__getitem__)
         k, rows, positions, grid, row_at_max, slots, generated, at_max = self.search.beam_size, [], [], [], [], [], [], []
         expand = sorted(plan.expand, key=lambda i: self._slot[i].index)
         for j, i in enumerate(expand):
@@ -345,8 +307,11 @@ class Engine:
                 cache.reorder(source.view(-1), dst.view(-1), t)
             st.last[dst.view(-1)] = new_last.view(-1)
             st.running[slots] = running
-        return Readback.gather(st, slots, done, torch.isfinite(running).sum(1), self.search.num_hypotheses, t - 1,
-                               results=self.model.ops.may_any(done))
+        packed = Readback.gather(st, slots, done, torch.isfinite(running).sum(1), self.search.num_hypotheses, t - 1,
+                                 results=self.model.ops.may_any(done))
+        if planned is not None:
+            self._static.advance()  # (after every read of this step's indices)
+        return packed
 
     def _greedy_update(self, logits: Tensor, ix: StepIndex) -> Tensor:
         """Beam 1's search step (``greedy_select``: the same outcome as the beam step at K = 1, in a

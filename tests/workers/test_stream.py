@@ -176,3 +176,33 @@ def test_a_deferred_readback_comes_early_once_every_sentence_is_at_its_cap(model
     assert engine.stats.steps <= 4 * len(sources) / 8 * 2  # (each batch: 3 steps + the readback's)
     with pytest.raises(ValueError, match="readback_every"):
         StaticStep(readback_every=0)
+
+
+@pytest.mark.parametrize("policy, every", [(Policy.TOPUP, 1), (Policy.TOPUP, 4), (Policy.VAR_STREAM, 2)])
+def test_the_device_advances_the_static_indices_as_the_host_would_build_them(model, sources, policy, every,
+                                                                              monkeypatch):
+    """Between plan changes the static step advances its own index buffer (``StaticIndices.advance``);
+    at every such step the buffer equals what the host would have built, caps reached included."""
+    from workers.static_step import StaticIndices
+
+    build, checked = StaticIndices.step_index, []
+
+    def checking(self, plan, requests, slot_of):
+        advanced = self.advanced
+        index = build(self, plan, requests, slot_of)
+        if self.advanced > advanced:  # taken from the device: build it on the host too
+            host = StaticIndices(self.slots, self.k, self.scratch, self.s, self.forced_eos, self.buffer.device,
+                                 self.to_device)
+            host.step_index(plan, requests, slot_of)
+            assert torch.equal(host.buffer, self.buffer)
+            checked.append(plan.expand)
+        return index
+
+    monkeypatch.setattr(StaticIndices, "step_index", checking)
+    cfg = replace(SEARCH, max_length_a=0.0, max_length_b=9)  # (some sentences end at the cap)
+    sched = SchedulerConfig(policy=policy, max_batch_sentences=6, capacity=6, beam_size=cfg.beam_size)
+    dynamic = Engine(model, cfg, sched).decode(sources)
+    engine = Engine(model, cfg, sched, static=StaticStep(readback_every=every))
+    assert same(engine.decode(sources), dynamic)
+    assert any(len(h[0].tokens) == 9 for h in dynamic)
+    assert len(checked) == engine._static.advanced > engine.stats.steps / 4  # most steps built nothing on the host

@@ -1,0 +1,106 @@
+"""The static step (issue 16): one shape every step, so a CUDA graph captures it once and replays it.
+
+Every slot's K rows run each step, over the cache's full target and source capacity. A slot the
+step does not plan (empty, not chosen by the policy, or ended at its cap) runs at a scratch
+position (the cache's last) and keeps its state. The step reads its indices from one persistent
+device buffer, per slot:
+
+    length     the target position it runs at (scratch when not planned)
+    generated  tokens it will have generated after this step (1 when not planned)
+    capped     whether this step reaches its length cap (forced EOS)
+    planned    whether it runs for real
+    cap        its length cap
+
+The host writes the buffer when the plan changes (an admission, a finished sentence read back, a
+policy choosing other sentences). Otherwise the step advances the buffer itself on the device
+(``advance``, inside the captured graph): a planned slot moves one position on, and stops being
+planned at its cap, exactly as the host would have written it. So between changes the host builds
+nothing: under top-up the plan changes only at refills and readbacks (and the host rebuilds once
+when a planned sentence reaches its cap, to count the step's live rows).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from workers.scheduler import Request, StepPlan
+from workers.step_index import StepIndex
+
+FIELDS = 5  # length, generated, capped, planned, cap
+
+
+@dataclass(frozen=True, slots=True)
+class StaticStep:
+    """The one-shape step. ``readback_every``: the step's outcome is copied to the host every that
+    many steps, not every step; in between, a sentence that finished on the device is frozen there
+    (its slot runs, changes nothing) until the next readback frees its slot, and the host never
+    waits on the device."""
+
+    readback_every: int = 1
+
+    def __post_init__(self) -> None:
+        if self.readback_every < 1:
+            raise ValueError(f"readback_every must be >= 1, got {self.readback_every}")
+
+
+class StaticIndices:
+    """The static step's index buffer (FIELDS x slots int64 on the device) and the ``StepIndex`` of
+    views into it that every step reads. ``to_device``: the engine's one host-to-device copy."""
+
+    def __init__(self, slots: int, beam_size: int, scratch: int, source_capacity: int, forced_eos: bool,
+                 device: torch.device, to_device) -> None:
+        self.slots, self.k, self.scratch = slots, beam_size, scratch
+        self.s, self.forced_eos = source_capacity, forced_eos
+        self.all_rows = torch.arange(slots * beam_size, device=device)  # (R,)
+        self.all_slots = torch.arange(slots, device=device)  # (slots,)
+        self.to_device = to_device
+        self.buffer: Tensor | None = None  # (FIELDS * slots,)
+        self.index: StepIndex | None = None
+        self.expand: tuple[int, ...] | None = None  # the plan the buffer holds
+        self.age = self.fresh = 0  # steps since the last build; steps that build's planned set lasts
+        self.built = self.advanced = 0  # steps whose indices the host built / the device advanced
+
+    def step_index(self, plan: StepPlan, requests: dict[int, Request], slot_of) -> StepIndex:
+        """This step's indices: the device-advanced buffer when the plan is the last one, else built
+        on the host from each planned sentence's slot (``slot_of(id)``: index and max_length) and length."""
+        if self.index is not None and not plan.admit and plan.expand == self.expand and self.age + 1 < self.fresh:
+            self.age += 1
+            self.advanced += 1
+            return self.index
+        c = self.slots
+        length, generated, capped, planned, cap = [self.scratch] * c, [1] * c, [0] * c, [0] * c, [0] * c
+        live, fresh = 0, self.scratch + 1
+        for i in plan.expand:
+            r, slot = requests[i], slot_of(i)
+            j = slot.index
+            cap[j] = slot.max_length
+            if r.length >= slot.max_length:  # ended at its cap on the device: awaits a readback
+                continue
+            length[j], generated[j], planned[j] = r.length, r.length + 1, 1
+            capped[j] = int(r.length + 1 >= slot.max_length)
+            live, fresh = live + r.width, min(fresh, slot.max_length - r.length)
+        packed = self.to_device(length + generated + capped + planned + cap)
+        if self.buffer is None:
+            self.buffer = torch.empty_like(packed)
+        self.buffer.copy_(packed)  # one buffer, so a captured step reads each step's values
+        b = self.buffer
+        self.index = StepIndex(self.all_rows, b[:c], None, self.all_rows, self.all_slots, b[c: 2 * c], b[2 * c: 3 * c],
+                               b[2 * c: 3 * c] if self.forced_eos else None, t=self.scratch + 1, s=self.s, shared=False,
+                               first=0, planned=b[3 * c: 4 * c], order=[],  # (its readback covers every slot)
+                               live_rows=live, per_slot=self.k)  # (live_rows: as of the last build)
+        self.expand, self.age, self.fresh = plan.expand, 0, fresh  # this build's planned set holds for
+        self.built += 1  # ``fresh`` steps: then a sentence reaches its cap (the host counts live rows anew)
+        return self.index
+
+    def advance(self) -> None:
+        """On the device, after the step's reads: the buffer as the host would write it for the same
+        plan one step later (a planned slot one position on; at its cap, no longer planned)."""
+        length, generated, capped, planned, cap = self.buffer.view(FIELDS, self.slots)  # (slots,) each
+        nxt = length + 1
+        go = planned.bool() & (nxt < cap)
+        length.copy_(torch.where(go, nxt, self.scratch))
+        generated.copy_(torch.where(go, nxt + 1, 1))
+        capped.copy_((go & (nxt + 1 >= cap)).long())
+        planned.copy_(go.long())
