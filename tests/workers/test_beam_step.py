@@ -1,11 +1,11 @@
 """The CPU's one-call beam step (``workers/csrc/beam_step.cpp``) against the Python step functions,
-on the scripted decoder of ``test_engine.py``."""
+on the scripted decoder of ``tests/workers/scripted.py``."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.workers.test_engine import ScriptedModel, random_tables
+from tests.workers.scripted import ScriptedModel, random_tables
 from workers.config import PruningConfig, SearchConfig
 from workers.engine import DecodeStats, beam_search
 from workers.native import load as load_native

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tests.workers.test_engine import (
+from tests.workers.scripted import (
     A,
     B,
     C,
