@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.workers.test_engine import (
+from tests.workers.scripted import (
     PAD,
     A,
     B,
