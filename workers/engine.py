@@ -126,7 +126,7 @@ class Engine:
         mc, k, dev = self.model.config, self.search.beam_size, self.model.device
         slots = min(self.schedule.max_batch_sentences, len(sources))
         caps = max_lengths([len(s) for s in sources], self.search, mc.max_position_embeddings)
-        static = dict(target_capacity=max(caps) + 1, zeroed=True) if self.static else {}  # + a scratch position
+        static = dict(target_capacity=max(caps) + 1, static=True) if self.static else {}  # + a scratch position
         self.cache: KVCache = self.model.new_cache(slots, k, max(len(s) for s in sources), **static)
         self.state = SlotState.empty(slots, k, max(caps), mc.pad_token_id, dev)
         lp = self.search.length_penalty

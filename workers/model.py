@@ -202,12 +202,14 @@ class Decoder(nn.Module):
             x = layer(x, memory, mask)
         return x
 
-    def new_cache(self, slots: int, beam_size: int, source_capacity: int, **kwargs) -> KVCache:
+    def new_cache(self, slots: int, beam_size: int, source_capacity: int, *, static: bool = False,
+                  **kwargs) -> KVCache:
         """An empty cache for ``slots`` sentences of ``beam_size`` rows each (workers/cache.py), in the
-        weights' dtype and device; zeroed unless the step backend reads only written positions."""
+        weights' dtype and device; zeroed unless the step backend reads only written positions
+        (``static``: for the static step, whose idle rows run too)."""
         attn = self.layers[0].self_attn
         weight = self.embed_tokens.weight
-        zeroed = kwargs.pop("zeroed", False) or not (self.ops.in_place and weight.dtype == torch.float32)
+        zeroed = kwargs.pop("zeroed", False) or self.ops.zeroed_cache(weight.dtype, weight.device, static)
         return KVCache.empty(layers=len(self.layers), heads=attn.num_heads, head_dim=attn.head_dim, slots=slots,
                              beam_size=beam_size, source_capacity=source_capacity, dtype=weight.dtype,
                              device=weight.device, zeroed=zeroed, **kwargs)

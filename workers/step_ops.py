@@ -3,7 +3,7 @@
     ATEN       AtenOps: ATen operators, any device and dtype
     TritonOps  ATen's with the fused Triton log-softmax + top-k (workers/triton_ops.py): a GPU's
     NativeOps  workers/native.py's fused C++ kernels: CPU, float32; each row reads exactly its own
-               prefix through the cache's ancestry table (``in_place``: no zeroed cache needed)
+               prefix through the cache's ancestry table (no zeroed cache needed: ``zeroed_cache``)
 
 ``Decoder.step`` and the search steps call ``ops.row_top`` / ``self_attention`` / ``cross_attention``
 / ``add_norm`` / ``feed_forward`` and never ask which backend they hold. A step the native kernels
@@ -35,12 +35,16 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tens
 class AtenOps:
     """ATen operators: any device and dtype."""
 
-    in_place = False  # reads masked positions too: the cache must be zeroed where never written
     beam_kernel = None  # the fused beam step after the output layer (NativeOps: the CPU, any K), or None
 
     def for_step(self, x: Tensor, cache: KVCache) -> AtenOps:
         """The backend that serves this step (x (N, E))."""
         return self
+
+    def zeroed_cache(self, dtype: torch.dtype, device: torch.device, static: bool) -> bool:
+        """Whether the K/V cache must be zero where never written: ATen's attention reads every
+        position up to the step's longest and masks (a masked NaN would still poison the softmax)."""
+        return True
 
     def may_any(self, mask: Tensor) -> bool:
         """Whether any entry of ``mask`` may be set: the answer where reading it costs nothing (a CPU
@@ -107,8 +111,6 @@ ATEN = AtenOps()
 class NativeOps(AtenOps):
     """The fused C++ kernels (``torch.ops.raymt``, workers/native.py): CPU, float32."""
 
-    in_place = True  # each row reads exactly its own written positions: no zeroing needed
-
     def __init__(self, kernels) -> None:
         self.kernels = kernels
         self.beam_kernel = kernels.beam_step  # (workers/csrc/beam_step.cpp; used by workers/beams.py)
@@ -116,6 +118,11 @@ class NativeOps(AtenOps):
     def for_step(self, x: Tensor, cache: KVCache) -> AtenOps:
         usable = x.dtype == torch.float32 and x.device.type == "cpu" and cache.self_k.is_contiguous()
         return self if usable else ATEN
+
+    def zeroed_cache(self, dtype: torch.dtype, device: torch.device, static: bool) -> bool:
+        """Each row reads exactly its own written positions, but a static step's idle rows read up
+        to the scratch position; other dtypes and devices take ATen's path."""
+        return static or dtype != torch.float32 or device.type != "cpu"
 
     def row_top(self, logits: Tensor, num: int, skip: int) -> tuple[Tensor, Tensor]:
         """Log-softmax, ``<pad>`` ban and top-k in one scan pair per row: bit-equal to ``AtenOps.row_top``."""

@@ -171,7 +171,13 @@ def ancestry_attention(q: Tensor, keys: Tensor, values: Tensor, ancestry: Tensor
 
 
 class TritonOps(AtenOps):
-    """ATen's operators with the fused Triton ``row_top``: the GPU decoder's backend."""
+    """ATen's operators with the fused Triton ``row_top`` and ``self_attention``: the GPU decoder's
+    backend."""
+
+    def zeroed_cache(self, dtype: torch.dtype, device: torch.device, static: bool) -> bool:
+        """The kernel reads each row's own written history (a static step's idle rows: position 0,
+        always written), so no zeroing: a memset of the whole cache per decode saved."""
+        return not (device.type == "cuda" or INTERPRETED)
 
     def row_top(self, logits: Tensor, num: int, skip: int) -> tuple[Tensor, Tensor]:
         if logits.device.type != "cuda" and not INTERPRETED:

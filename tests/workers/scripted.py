@@ -51,7 +51,7 @@ class ScriptedModel:
         self.rows_per_step: list[int] = []
 
     def new_cache(self, slots: int, beam_size: int, source_capacity: int, **kwargs) -> KVCache:
-        kwargs.pop("zeroed", None)
+        kwargs.pop("zeroed", None), kwargs.pop("static", None)
         return KVCache.empty(layers=1, heads=1, head_dim=1, slots=slots, beam_size=beam_size,
                              source_capacity=source_capacity, dtype=torch.float32, device=self.device, zeroed=True,
                              **kwargs)

@@ -163,7 +163,7 @@ def test_the_static_step_with_the_fused_output_step_decodes_as_atens_dynamic_one
 
 
 @pytest.mark.skipif(triton_ops.INTERPRETED, reason="compiles the kernels: runs in the parent process")
-def test_the_kernels_compile_for_an_h100_without_spills():
+def test_the_kernels_compile_for_an_h100_without_spills(monkeypatch):
     """Every kernel through Triton's whole compiler for sm_90 (an H100/H200), on any machine (the
     wheel bundles ptxas and cuobjdump): a type error in a loop, or registers spilled to local memory,
     fails here rather than on a lent GPU."""
@@ -171,6 +171,7 @@ def test_the_kernels_compile_for_an_h100_without_spills():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # (Triton 3.9 warns while it is unset; fusion is the default)
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     cuobjdump = tools / "cuobjdump"
     if not cuobjdump.exists() and shutil.which("cuobjdump") is None:
@@ -198,3 +199,42 @@ def test_the_kernels_compile_for_an_h100_without_spills():
         cubin.unlink()
         line = next(x for x in usage.splitlines() if "REG:" in x)
         assert " STACK:0 " in line and " LOCAL:0 " in line, (fn.fn.__name__, line)  # nothing spilled
+
+
+@kernels
+@pytest.mark.parametrize("static", [False, True])
+def test_the_triton_attention_never_reads_an_unwritten_position(demo_model_dir, static, monkeypatch):
+    """With the Triton attention the K/V cache is not zeroed (``TritonOps.zeroed_cache``): every
+    position a row reads was written first, a static step's idle rows included. Here the never-
+    written K/V are NaN: one read of them would poison that row's softmax and change the output."""
+    from workers.cache import KVCache
+    from workers.config import SearchConfig
+    from workers.engine import StaticStep
+    from workers.scheduler import Policy, SchedulerConfig
+    from workers.translator import Translator
+
+    empty, made = KVCache.empty.__func__, []
+
+    def poisoned(cls, **kwargs):
+        cache = empty(cls, **kwargs)
+        if not cache.zeroed:
+            cache.self_k.fill_(float("nan")), cache.self_v.fill_(float("nan"))
+        made.append(cache.zeroed)
+        return cache
+
+    translator = Translator.load(str(demo_model_dir), device=DEVICE)
+    decoder = translator.checkpoint.model.model.decoder
+    sources = translator.encode(["Ein Hund rennt über die Wiese.", "Eine Frau liest.", "Zwei Männer.", "Ein Kind."])
+    cfg = SearchConfig(beam_size=3, num_hypotheses=2)
+    batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2, beam_size=3)
+    decoder.ops = ATEN
+    want = translator.decode_ids(sources, cfg, batching=batching).hypotheses
+    monkeypatch.setattr(KVCache, "empty", classmethod(poisoned))
+    decoder.ops = triton_ops.TritonOps()
+    try:
+        got = translator.decode_ids(sources, cfg, batching=batching,
+                                    static=StaticStep(readback_every=2) if static else None).hypotheses
+    finally:
+        decoder.ops = ATEN
+    assert made == [False]  # one cache, not zeroed, NaN where never written
+    assert [[h.tokens for h in x] for x in got] == [[h.tokens for h in x] for x in want]
