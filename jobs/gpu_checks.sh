@@ -7,10 +7,18 @@
 #                                    bash jobs/gpu_checks.sh 3   # bf16, WMT22, the synthetic base model
 # Writes full logs and the reports under $OUT (or out-gpu/); every bench_gpu report is written table
 # by table, so a call cut short keeps what it finished. Prints the short tables last.
+# SMOKE=1 DEVICE=cpu runs every stage here, tiny, without the GPU tests (tests/jobs/test_gpu_checks.py,
+# marked slow): the runbook's commands and arguments checked before a lent GPU's minutes are spent.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:-1}
+device=${DEVICE:-cuda}
 out=${OUT:-out-gpu}
+smoke=()
+if [ -n "${SMOKE:-}" ]; then
+  smoke=(--lines 8 --repeats 1 --capacities 4 --hf-batches 4 --batching-beams 2 --batch-sentences 4 --search-beam 3
+         --output-rows 4 --device "$device")
+fi
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 RAYMT_SHARED_DATA=data-gpu
 name=$(python3 -c "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" \
@@ -18,21 +26,25 @@ name=$(python3 -c "import torch; print(torch.cuda.get_device_name() if torch.cud
 bench() {  # bench <seconds> <report name> <bench_gpu args...>
   local seconds=$1 report=$2; shift 2
   timeout "$seconds" python3 -m jobs.bench_gpu --data data-gpu --shortlist data-gpu/lex.s2t \
-    --out "$out/gpu-${name:-gpu}-$report" "$@" >> "$out/bench-$report.log" 2>&1
+    --out "$out/gpu-${name:-gpu}-$report" "$@" "${smoke[@]}" >> "$out/bench-$report.log" 2>&1
   echo "bench_gpu $report: exit $?"
 }
 if [ "$stage" = 1 ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
   python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" \
     | tee -a "$out/gpu.txt"
-  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/workers/test_gpu.py 2>&1 | tail -30 \
-    | tee "$out/tests-gpu.log"
-  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/workers/test_triton_ops.py 2>&1 | tail -15 \
-    | tee "$out/tests-triton.log"
+  if [ -z "${SMOKE:-}" ]; then
+    timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/workers/test_gpu.py 2>&1 | tail -30 \
+      | tee "$out/tests-gpu.log"
+    timeout 60 python3 -m pytest -q -p no:cacheprovider tests/workers/test_triton_ops.py 2>&1 | tail -15 \
+      | tee "$out/tests-triton.log"
+  fi
+  input=data-gpu/multi30k/test_2016_flickr.de
+  if [ -n "${SMOKE:-}" ]; then head -n 24 "$input" > "$out/smoke.de"; input=$out/smoke.de; fi
   for n in 0 4; do  # the product end to end on the GPU (in-process: no Ray there), dynamic vs static step
     start=$(date +%s%N)
-    timeout 60 python3 -m jobs.translate --in-process --device cuda --batching topup --max-batch-size 256 \
-      --static-step $n --model models/demo-de-en --input data-gpu/multi30k/test_2016_flickr.de \
+    timeout 60 python3 -m jobs.translate --in-process --device "$device" --batching topup --max-batch-size 256 \
+      --static-step $n --model models/demo-de-en --input "$input" \
       --output "$out/m30k-static$n.en" >> "$out/translate.log" 2>&1
     echo "jobs.translate --static-step $n: exit $?, $(( ($(date +%s%N) - start) / 1000000 )) ms" | tee -a "$out/translate.log"
   done
