@@ -89,7 +89,7 @@ if triton is not None:
             val = tl.where(j == where, float("-inf"), val)
 
     @triton.jit
-    def _ancestry_attention(q, keys, values, ancestry, reads, out, stride_kt, stride_kr, stride_at, n_rows, scale,
+    def _ancestry_attention(q, keys, values, ancestry, reads, out, stride_kt, stride_kr, stride_at, scale,
                             H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr):
         row, head = tl.program_id(0), tl.program_id(1)
         d = tl.arange(0, D)
@@ -166,7 +166,7 @@ def ancestry_attention(q: Tensor, keys: Tensor, values: Tensor, ancestry: Tensor
         return out
     assert keys.stride(3) == 1 and keys.stride(2) == d and keys.stride() == values.stride(), "one cache layer"
     _ancestry_attention[(n, h)](q.contiguous(), keys, values, ancestry, reads, out, keys.stride(0), keys.stride(1),
-                                ancestry.stride(0), n, scale, H=h, D=d, BLOCK_T=ATTENTION_BLOCK)
+                                ancestry.stride(0), scale, H=h, D=d, BLOCK_T=ATTENTION_BLOCK)
     return out
 
 

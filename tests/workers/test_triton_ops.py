@@ -179,7 +179,7 @@ def test_the_kernels_compile_for_an_h100_without_spills(monkeypatch):
     ptr = {"fp32": "*fp32", "bf16": "*bf16"}
     attention = {name: "*fp32" for name in ("q", "keys", "values", "out")} | {
         "ancestry": "*i64", "reads": "*i64", "stride_kt": "i64", "stride_kr": "i64", "stride_at": "i64",
-        "n_rows": "i32", "scale": "fp32", "H": "constexpr", "D": "constexpr", "BLOCK_T": "constexpr"}
+        "scale": "fp32", "H": "constexpr", "D": "constexpr", "BLOCK_T": "constexpr"}
     chunk = {"logits": "*fp32", "stride": "i64", "v": "i32", "skip": "i32", "chunk_max": "*fp32", "chunk_sum": "*fp32",
              "top_val": "*fp32", "top_col": "*i64", "chunks": "i32", "K": "constexpr", "BLOCK": "constexpr"}
     merge = {"chunk_max": "*fp32", "chunk_sum": "*fp32", "top_val": "*fp32", "top_col": "*i64", "out_val": "*fp32",
