@@ -209,7 +209,7 @@ def attention_rows(device: torch.device, model: torch.nn.Module, row_counts: lis
     whole ``capacity`` (the static step: ATen reads it all, the kernel each row's own prefix). The
     floor: each row's K and V prefix read once, at the device's copy bandwidth."""
     from workers import triton_ops
-    from workers.step_ops import attend
+    from workers.step_ops import attend, gather_history
 
     sa = model.model.decoder.layers[0].self_attn
     h, d, dtype = sa.num_heads, sa.head_dim, next(model.parameters()).dtype
@@ -225,9 +225,7 @@ def attention_rows(device: torch.device, model: torch.nn.Module, row_counts: lis
                 mask = (steps[None, :] < reads[:, None])[:, None, None, :]
 
             def aten():
-                k = keys[steps[:, None], ancestry].permute(1, 2, 0, 3)  # (N, H, t, D), gathered
-                v = values[steps[:, None], ancestry].permute(1, 2, 0, 3)
-                return attend(q[:, :, None], k, v, mask)
+                return attend(q[:, :, None], *gather_history(keys, values, ancestry), mask)  # (N, H, t, D) copies
             kernels = {"aten gather": aten}
             if device.type == "cuda" and triton_ops.available():
                 kernels["triton in place"] = lambda: triton_ops.ancestry_attention(q, keys, values, ancestry, reads,

@@ -152,6 +152,10 @@ class KVCache:
         return StepAt(rows, positions, grid, torch.div(rows, self.beam_size, rounding_mode="floor"), slots, first,
                       t, s, shared, ancestry, mask, reads)
 
+    def write(self, layer: int, at: StepAt, keys: Tensor, values: Tensor) -> None:
+        """This step's K/V of ``layer`` (N, H, D) x 2, each run row's at its own position."""
+        self.self_k[at.positions, layer, at.rows], self.self_v[at.positions, layer, at.rows] = keys, values
+
     def reorder(self, src_rows: Tensor, dst_rows: Tensor, length: int) -> None:
         """Row dst_rows[i] continues the history of src_rows[i] (M,): the first ``length`` positions."""
         self.ancestry[:length, dst_rows] = self.ancestry[:length, src_rows]  # gathered before written

@@ -27,7 +27,6 @@ The model interface the engine uses (``MarianModel``; the tests' scripted stub):
 """
 from __future__ import annotations
 
-import array
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -199,14 +198,9 @@ class Engine:
         for row, i in enumerate(batch):
             self._encoded[i] = (encoded, row)
 
-    def _to_device(self, values: list[int] | np.ndarray) -> Tensor:
-        """The step's host-built indices (int64) in one copy (through a pinned buffer on a GPU). (A
-        list goes through an ``array``: 3.5x faster than ``torch.tensor`` on a list of 2k ints.)"""
-        if isinstance(values, np.ndarray):
-            packed = torch.from_numpy(values)
-        else:
-            packed = torch.frombuffer(array.array("q", values), dtype=torch.long) if values else \
-                torch.empty(0, dtype=torch.long)
+    def _to_device(self, values: np.ndarray) -> Tensor:
+        """The step's host-built indices (int64) in one copy (through a pinned buffer on a GPU)."""
+        packed = torch.from_numpy(values)
         return packed.to(self.model.device) if self._staging is None else self._staging.to_device(packed)
 
     def _indices(self, plan: StepPlan, requests: dict[int, Request]) -> StepIndex:

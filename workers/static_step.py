@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -81,7 +82,7 @@ class StaticIndices:
             length[j], generated[j], planned[j] = r.length, r.length + 1, 1
             capped[j] = int(r.length + 1 >= slot.max_length)
             live, fresh = live + r.width, min(fresh, slot.max_length - r.length)
-        packed = self.to_device(length + generated + capped + planned + cap)
+        packed = self.to_device(np.array(length + generated + capped + planned + cap, dtype=np.int64))
         if self.buffer is None:
             self.buffer = torch.empty_like(packed)
         self.buffer.copy_(packed)  # one buffer, so a captured step reads each step's values

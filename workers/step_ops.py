@@ -32,6 +32,13 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tens
     return torch.matmul(torch.softmax(scores, dim=-1), values)
 
 
+def gather_history(keys: Tensor, values: Tensor, ancestry: Tensor) -> tuple[Tensor, Tensor]:
+    """Every run row's history copied out through the ancestry: keys/values (t, R, H, D), one layer
+    of the cache; ancestry (t, N) -> (N, H, t, D) x 2 (ATen's path; the Triton kernel reads in place)."""
+    steps = torch.arange(ancestry.shape[0], device=ancestry.device)[:, None]  # (t, 1)
+    return keys[steps, ancestry].permute(1, 2, 0, 3), values[steps, ancestry].permute(1, 2, 0, 3)
+
+
 class AtenOps:
     """ATen operators: any device and dtype."""
 
@@ -65,10 +72,8 @@ class AtenOps:
         history through its ancestry. x (N, E) -> (N, E), heads merged."""
         n = x.shape[0]
         q, k, v = sa.step_qkv(x)  # (N, E), (N, H, D), (N, H, D)
-        cache.self_k[at.positions, layer, at.rows], cache.self_v[at.positions, layer, at.rows] = k, v
-        steps = torch.arange(at.t, device=x.device)[:, None]  # (t, 1)
-        keys = cache.self_k[:at.t, layer][steps, at.ancestry].permute(1, 2, 0, 3)  # (t, N, H, D) -> (N, H, t, D)
-        values = cache.self_v[:at.t, layer][steps, at.ancestry].permute(1, 2, 0, 3)
+        cache.write(layer, at, k, v)
+        keys, values = gather_history(cache.self_k[:at.t, layer], cache.self_v[:at.t, layer], at.ancestry)
         return attend(sa.heads(q), keys, values, at.mask).view(n, -1)  # (N, H, 1, D) -> (N, E)
 
     def cross_attention(self, q: Tensor, cache: KVCache, layer: int, at: StepAt) -> Tensor:
@@ -136,7 +141,7 @@ class NativeOps(AtenOps):
             return self.kernels.self_attention_step(sa.qkv_proj(x), cache.self_k, cache.self_v, at.ancestry, at.rows,
                                                     at.positions, layer, at.t, scale)
         q, k, v = sa.step_qkv(x)
-        cache.self_k[at.positions, layer, at.rows], cache.self_v[at.positions, layer, at.rows] = k, v
+        cache.write(layer, at, k, v)
         return self.kernels.self_attention(q, cache.self_k, cache.self_v, at.ancestry, at.positions, layer, at.t, scale)
 
     def cross_attention(self, q: Tensor, cache: KVCache, layer: int, at: StepAt) -> Tensor:

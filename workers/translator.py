@@ -101,7 +101,7 @@ class Translator:
         over the length-sorted sources (one candidate set for the whole call); out of memory (and
         without a shortlist), the call falls back to batches, which give the same translations.
         ``stats``: counters to add to (read live by the actors' time slices); a fresh ``DecodeStats``
-        by default. ``static``: the engine's one-shape step (``workers.engine.StaticStep``: a CUDA
+        by default. ``static``: the engine's one-shape step (``workers.static_step.StaticStep``: a CUDA
         graph on a GPU); batch decoding then runs its batches on one engine (without a shortlist or a
         tuner, whose batches differ), one capture per call.
         """

@@ -190,7 +190,7 @@ class TritonOps(AtenOps):
         if x.device.type != "cuda" and not INTERPRETED:
             return ATEN.self_attention(sa, x, cache, layer, at)
         q, k, v = sa.step_qkv(x)  # (N, E), (N, H, D), (N, H, D)
-        cache.self_k[at.positions, layer, at.rows], cache.self_v[at.positions, layer, at.rows] = k, v
+        cache.write(layer, at, k, v)
         n = x.shape[0]
         out = ancestry_attention(q.reshape(n, sa.num_heads, sa.head_dim), cache.self_k[:, layer],
                                  cache.self_v[:, layer], at.ancestry, at.reads, sa.head_dim ** -0.5)
