@@ -8,8 +8,10 @@ batching tables on our engine.
 Runs where only torch, transformers, sentencepiece, safetensors, sacrebleu and pyarrow are
 installed (the lent GPU machines: no Ray, no CTranslate2). The device is ``--device`` (auto: the
 first CUDA device, else the CPU) and is named in the report with torch's own description of it.
-Per set and beam: HF at each ``--hf-batches`` (length-sorted batches) and ours (top-up) at each
-``--capacities`` -> target tokens/s, BLEU, peak device memory; the ratio ours-best / HF-best.
+Per set and beam: HF at each ``--hf-batches`` (length-sorted batches) and ours (top-up, refilling
+at the GPU's default threshold) at each ``--capacities``, dynamic and (on a GPU) static step, the
+largest capacity's static step also read back every step -> target tokens/s, BLEU, peak device
+memory; the ratio ours-best / HF-best.
 ``--tables batching`` adds the seeds' tables (jobs/bench_batching.py: FIXED / VAR-BATCH /
 VAR-STREAM / VAR-STR-FIFO at k=5 and 50; mini-batch / maxi-batch / top-up) on the same device.
 ``--tables topup`` adds the top-up paper's mini-batch / maxi-batch / top-up table; ``--tables search``
@@ -37,7 +39,7 @@ import torch
 from jobs.bench_batching import Run, run_all, systems, table, targets, topup_systems, topup_table
 from pipeline.reports import SETS, markdown_table, read_lines, write_report
 from workers.config import ModelConfig, PruningConfig, SearchConfig
-from workers.device import resolve_device
+from workers.device import GPU_DEFAULTS, resolve_device
 from workers.engine import DecodeStats, Engine, StaticStep
 from workers.scheduler import Policy, SchedulerConfig
 from workers.speedups import EXACT, CpuSpeedups
@@ -97,13 +99,14 @@ def hf_runner(model_dir: str, device: torch.device, dtype: torch.dtype):
     return translate
 
 
-def ours_runner(translator: Translator, static: StaticStep | None = None):
+def ours_runner(translator: Translator, static: StaticStep | None = None, refill_threshold: float = 0.5):
     """Our engine, top-up batching at a capacity: (lines, beam, capacity) -> (texts, target tokens).
     ``static``: the one-shape step, captured as a CUDA graph on a GPU (``workers.engine.StaticStep``)."""
     tok = translator.checkpoint.tokenizer
 
     def translate(lines: list[str], beam: int, capacity: int) -> tuple[list[str], int]:
-        batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=capacity, capacity=capacity, beam_size=beam)
+        batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=capacity, capacity=capacity, beam_size=beam,
+                                   refill_threshold=refill_threshold)
         decoded = translator.decode_ids(translator.encode(lines), SearchConfig(beam_size=beam), batching=batching,
                                         static=static)
         stats = decoded.stats
@@ -275,7 +278,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--output-rows", default="160,640,2560", help="rows of the output-step table")
     p.add_argument("--synthetic-base", action="store_true")
     p.add_argument("--static", action="store_true", help="also the static step where there is no GPU (eager)")
-    p.add_argument("--readback-every", type=int, default=4, help="the static step's outcome read back every N steps")
+    p.add_argument("--readback-every", type=int, default=GPU_DEFAULTS.static_step,
+                   help="the static step's outcome read back every N steps (also every step, at the largest capacity)")
+    p.add_argument("--refill-threshold", type=float, default=GPU_DEFAULTS.refill_threshold,
+                   help="ours: top-up refills once this share of the slots is empty (the GPU's default)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="reports/gpu")
     return p.parse_args(argv)
@@ -290,8 +296,10 @@ def main(argv: list[str] | None = None) -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     speedups = half if device.type == "cuda" else replace(EXACT, bf16=args.bf16, fp16=args.fp16)
     translator = Translator.load(args.model, device=device, speedups=speedups)
-    ours, hf = ours_runner(translator), hf_runner(args.model, device, dtype)
-    graphed = ours_runner(translator, static=StaticStep(readback_every=args.readback_every))
+    refill = args.refill_threshold
+    ours, hf = ours_runner(translator, refill_threshold=refill), hf_runner(args.model, device, dtype)
+    graphed = ours_runner(translator, static=StaticStep(readback_every=args.readback_every), refill_threshold=refill)
+    every_step = ours_runner(translator, static=StaticStep(readback_every=1), refill_threshold=refill)
     report = {"device": name, "torch": torch.__version__, "dtype": str(dtype), "model": args.model, "tables": {}}
     md = [f"# GPU benchmark on {name} (torch {torch.__version__}, {dtype}), model `{args.model}`\n"]
     for set_name in args.sets.split(","):
@@ -309,6 +317,10 @@ def main(argv: list[str] | None = None) -> None:
                 measured += [measure(f"ours static top-up {c} (read back every {every})", device,
                                      lambda x, c=c: graphed(x, beam, c), lines, args.repeats)
                              for c in map(int, args.capacities.split(","))]
+                if every != 1:
+                    c = max(map(int, args.capacities.split(",")))
+                    measured.append(measure(f"ours static top-up {c} (read back every step)", device,
+                                            lambda x: every_step(x, beam, c), lines, args.repeats))
             rows = rows_of(measured, refs)
             best = {who: max((r for r in rows if r["system"].startswith(who)), key=lambda r: r["tokens_per_s"])
                     for who in ("hf", "ours")}

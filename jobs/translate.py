@@ -30,6 +30,7 @@ from dataclasses import replace
 
 import fsspec
 import pyarrow.parquet as pq
+import torch
 
 from pipeline.actors import DecoderSettings
 from pipeline.dispatch import Health
@@ -43,7 +44,7 @@ from pipeline.sink import OutputStore
 from pipeline.storage import storage_options
 from pipeline.units import Columns, InputError
 from workers.config import FAST_PRUNING, PruningConfig, SearchConfig
-from workers.device import DeviceUnavailable
+from workers.device import CPU_DEFAULTS, GPU_DEFAULTS, BatchingDefaults, DeviceUnavailable, on_gpu
 from workers.engine import StaticStep
 from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from workers.speedups import EXACT, CpuSpeedups
@@ -66,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, default=256, help="absolute cap on generated tokens")
     p.add_argument("--max-length-a", type=float, default=1.5, help="per-sentence cap a * source_length + b")
     p.add_argument("--max-length-b", type=int, default=10, help="see --max-length-a")
-    p.add_argument("--max-batch-size", type=int, default=32, help="sentences per decoding batch")
+    p.add_argument("--max-batch-size", type=int, help="sentences per decoding batch (the streaming slots); default "
+                   "32 on the CPU, 1024 on a GPU, fitted there to free memory (workers/device.py)")
     p.add_argument("--tune-batch", action="store_true",
                    help="closed-loop batch size from measured throughput and free memory, starting at "
                         "--max-batch-size; a batch that runs out of memory is split and retried")
@@ -85,14 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "policy gives the same translations). auto: topup (1.2x batch on WMT22's long-tailed "
                         "lengths), or batch with --shortlist or --tune-batch, which work per batch")
     g.add_argument("--epsilon", type=float, default=1 / 6, help="var-stream refill threshold")
-    g.add_argument("--refill-threshold", type=float, default=0.5, help="topup: refill once this share is empty")
+    g.add_argument("--refill-threshold", type=float,
+                   help="topup: refill once this share is empty (default 0.5 on the CPU, 0.05 on a GPU)")
     g.add_argument("--capacity", type=int, default=0, help="streaming capacity (0: --max-batch-size sentences)")
     g.add_argument("--capacity-unit", choices=[x.value for x in CapacityUnit], default="sentences",
                    help="what --capacity counts")
     g.add_argument("--flush-every", type=int, default=0, help="var-stream: expand all sentences every N steps")
-    g.add_argument("--static-step", type=int, default=0, metavar="N",
+    g.add_argument("--static-step", type=int, metavar="N",
                    help="the one-shape decoder step, captured once as a CUDA graph on a GPU and replayed, its "
-                        "results read back every N steps (0: the dynamic step). Same outputs; on the CPU it only costs")
+                        "results read back every N steps (0: the dynamic step). Same outputs; on the CPU it only "
+                        "costs. Default 0 on the CPU, 4 on a GPU")
     g = p.add_argument_group("shortlist vocabulary (Shi & Knight 2017); see jobs.build_shortlist")
     g.add_argument("--shortlist", help="lex.s2t (with its .freq) or CTranslate2 .vmap file")
     g.add_argument("--shortlist-m", type=int, default=10,
@@ -131,8 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--id-column", help="default: 'id' when present, else the row number")
     g.add_argument("--reference-column", help="references for --evaluate")
     g.add_argument("--evaluate", action="store_true", help="sacreBLEU BLEU and chrF against --reference-column")
-    g.add_argument("--unit-rows", type=int, default=2500,
-                   help="rows per work unit: the commit / resume grain, and the decoder sorts by length within it")
+    g.add_argument("--unit-rows", type=int,
+                   help="rows per work unit: the commit / resume grain, and the decoder sorts by length within it. "
+                        "Default: what the output's plan used when resuming; else 2500 on the CPU, and on a GPU "
+                        "1/64 of the input within 2500..50000 (a GPU's slots drain at each unit's end: "
+                        "reports/occupancy.md)")
     g.add_argument("--decoders", type=int, default=0, help="decoder actors (0: as many as the cluster's cores allow)")
     g.add_argument("--min-decoders", type=int, help="autoscaling pool: at least this many decoder actors")
     g.add_argument("--max-decoders", type=int, help="autoscaling pool: at most this many decoder actors")
@@ -167,12 +174,22 @@ def batching_of(args: argparse.Namespace) -> str:
     return "batch" if args.shortlist or args.tune_batch else Policy.TOPUP.value
 
 
+def batching_defaults(args: argparse.Namespace) -> BatchingDefaults:
+    """``--max-batch-size``, ``--static-step`` and ``--refill-threshold`` as given, else the default
+    of the device the decoders decode on (``workers/device.py``: the CPU's, or the GPU's)."""
+    d = GPU_DEFAULTS if on_gpu(device_of(args), args.gpus_per_decoder) else CPU_DEFAULTS
+    return BatchingDefaults(max_batch_size=args.max_batch_size or d.max_batch_size,
+                            static_step=d.static_step if args.static_step is None else args.static_step,
+                            refill_threshold=d.refill_threshold if args.refill_threshold is None else args.refill_threshold)
+
+
 def scheduler_config(args: argparse.Namespace) -> SchedulerConfig | None:
     if batching_of(args) == "batch":
         return None
-    return SchedulerConfig(policy=Policy(batching_of(args)), max_batch_sentences=args.max_batch_size,
-                           capacity=args.capacity or args.max_batch_size, capacity_unit=CapacityUnit(args.capacity_unit),
-                           beam_size=args.beam_size, epsilon=args.epsilon, refill_threshold=args.refill_threshold,
+    d = batching_defaults(args)
+    return SchedulerConfig(policy=Policy(batching_of(args)), max_batch_sentences=d.max_batch_size,
+                           capacity=args.capacity or d.max_batch_size, capacity_unit=CapacityUnit(args.capacity_unit),
+                           beam_size=args.beam_size, epsilon=args.epsilon, refill_threshold=d.refill_threshold,
                            flush_every=args.flush_every)
 
 
@@ -197,6 +214,10 @@ def device_name(text: str) -> str:
 
 
 def device_of(args: argparse.Namespace) -> str:
+    """``--device`` as given, else cuda with ``--gpus-per-decoder``, else cpu; ``auto`` in this process
+    is decided here (the GPU's defaults follow it)."""
+    if args.device == "auto" and args.in_process:
+        return "cuda" if torch.cuda.is_available() else "cpu"
     return args.device or ("cuda" if args.gpus_per_decoder else "cpu")
 
 
@@ -218,13 +239,14 @@ def single_file(url: str) -> bool:
 
 def pipeline_config(args: argparse.Namespace, cfg: SearchConfig) -> PipelineConfig:
     one_file = single_file(args.output)
+    d = batching_defaults(args)
     settings = DecoderSettings(
         model=local_path(args.model), output=local_path(args.output + ".parts" if one_file else args.output),
         search=cfg, batching=scheduler_config(args), signature=signature(args, cfg), threads=args.threads,
-        max_batch_size=args.max_batch_size, shortlist=args.shortlist and local_path(args.shortlist),
+        max_batch_size=d.max_batch_size, shortlist=args.shortlist and local_path(args.shortlist),
         shortlist_m=args.shortlist_m, shortlist_n=args.shortlist_n, evaluate=args.evaluate, tune_batch=args.tune_batch,
         speedups=speedups_of(args), device=device_of(args),
-        static=StaticStep(readback_every=args.static_step) if args.static_step else None)
+        static=StaticStep(readback_every=d.static_step) if d.static_step else None)
     gpus = args.gpus_per_decoder or (1 if settings.device.startswith("cuda") and not args.in_process else 0)
     decoders = args.decoders
     if args.min_decoders is not None or args.max_decoders is not None:

@@ -18,11 +18,13 @@ and decodes at the in-process engine's speed, where a Ray Data map worker measur
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
+from typing import Callable
 
 import pyarrow as pa
 
@@ -35,7 +37,8 @@ from pipeline.model_check import check_model
 from pipeline.records import UnitStats
 from pipeline.sink import OutputStore, output_table
 from pipeline.timeline import Progress
-from pipeline.units import Columns, Plan, WorkUnit, plan_units
+from pipeline.units import Columns, Plan, WorkUnit, auto_unit_rows, plan_units
+from workers.device import on_gpu
 
 __all__ = ["DecodersUnavailable", "check_placeable", "PipelineConfig", "PipelineResult", "PlanMismatch", "UnitsFailed", "run_pipeline"]
 logger = logging.getLogger(__name__)
@@ -48,7 +51,7 @@ class PipelineConfig:
     input: str
     columns: Columns
     decoder: DecoderSettings  # threads 0: 2 per decoder actor on Ray, every core in-process
-    unit_rows: int = 2500
+    unit_rows: int | None = None  # None: the output's plan's when resuming, else ``auto_unit_rows`` (CPU 2500)
     decoders: int | tuple[int, int] = 0  # 0: as many as the cluster's CPUs (or GPUs) allow; (min, max): autoscale
     encoders: int = 1  # 0: decoder actors tokenise their units themselves
     cpus_per_decoder: float = 0.0  # 0: the decoder's thread count
@@ -115,7 +118,7 @@ def _decoder_pool(cfg: PipelineConfig, cluster_cpus: float, cluster_gpus: float)
 def plan_record(cfg: PipelineConfig, plan: Plan) -> PlanRecord:
     model = model_files(cfg.decoder.model) + ([file_version(cfg.decoder.shortlist)] if cfg.decoder.shortlist else [])
     return PlanRecord(inputs=tuple(file_version(p) for p in plan.files), columns=asdict(cfg.columns),
-                      unit_rows=cfg.unit_rows, units=len(plan.units), rows=plan.rows,
+                      unit_rows=plan.unit_rows, units=len(plan.units), rows=plan.rows,
                       signature=cfg.decoder.signature, model=tuple(model))
 
 
@@ -139,6 +142,17 @@ def claim(store: OutputStore, record: PlanRecord, restart: bool) -> None:
         store.write_plan(record)
 
 
+def _unit_rows(cfg: PipelineConfig) -> int | Callable[[int], int]:
+    """``cfg.unit_rows``; unset, what the output's plan record says (a resume keeps its units, whichever
+    device it resumes on), else the default for the decoders' device by the input's size."""
+    if cfg.unit_rows is not None:
+        return cfg.unit_rows
+    earlier = None if cfg.restart else OutputStore(cfg.decoder.output).read_plan()
+    if earlier is not None:
+        return earlier.unit_rows
+    return functools.partial(auto_unit_rows, gpu=on_gpu(cfg.decoder.device, cfg.gpus_per_decoder))
+
+
 def run_pipeline(cfg: PipelineConfig) -> PipelineResult:
     """Translate ``cfg.input`` into ``cfg.decoder.output``; resumes a partial output of the same plan.
 
@@ -148,7 +162,7 @@ def run_pipeline(cfg: PipelineConfig) -> PipelineResult:
     is committed) if some units failed every attempt.
     """
     check_model(cfg.decoder.model)
-    plan: Plan = plan_units(cfg.input, cfg.columns, cfg.unit_rows, skip_corrupt=cfg.skip_corrupt)
+    plan: Plan = plan_units(cfg.input, cfg.columns, _unit_rows(cfg), skip_corrupt=cfg.skip_corrupt)
     record = plan_record(cfg, plan)
     store = OutputStore(cfg.decoder.output, plan=record.digest)
     lease = Lease(store.fs, store.root)

@@ -4,9 +4,41 @@ asks again: every tensor a decode creates follows the model's device (``MarianMo
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingDefaults:
+    """What a decoder runs with where the command line leaves it open, per kind of device.
+
+    * CPU: 32 sentences, the dynamic step, top-up refilling at half empty (measured:
+      ``reports/policies-*.md``, ``reports/tuning-multi30k.md``).
+    * GPU: a static step costs the same at any occupancy, so throughput is live slots ÷ slots. The
+      scheduler alone gives that occupancy (``python -m jobs.bench_occupancy``, ``reports/occupancy.md``:
+      1024 slots, 50,000 sentences, top-up): refilling at 5% empty instead of half raises it from
+      0.70 to 0.97 on Multi30k's lengths and from 0.67 to 0.87 on WMT22's (0.89 / 0.84 with the
+      readback every 4 steps, when slots free). 1024 slots (the bench's largest capacity; fitted to free
+      memory per call, ``Translator``), read back every 4 steps so the host runs ahead of the device.
+      Not yet measured on a GPU: ``bash jobs/gpu_checks.sh 1`` times these defaults against HF.
+    """
+
+    max_batch_size: int  # slots, in sentences
+    static_step: int  # the static step's readback interval (0: the dynamic step)
+    refill_threshold: float  # top-up: refill once this share of the slots is empty
+
+
+CPU_DEFAULTS = BatchingDefaults(max_batch_size=32, static_step=0, refill_threshold=0.5)
+GPU_DEFAULTS = BatchingDefaults(max_batch_size=1024, static_step=4, refill_threshold=0.05)
+
+
+def on_gpu(device: str, gpus_per_decoder: float = 0) -> bool:
+    """Whether decoders given ``--device`` ``device`` and that many GPUs each decode on a GPU
+    (``auto`` on a GPU Ray reserves is one; ``auto`` elsewhere is decided where it decodes)."""
+    return device.startswith("cuda") or (device == "auto" and gpus_per_decoder > 0)
 
 
 class DeviceUnavailable(RuntimeError):

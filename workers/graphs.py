@@ -1,11 +1,19 @@
 """What only a CUDA device needs, in one place (nano-vllm keeps every ``.cuda()`` in one runner file):
-the static step captured as a CUDA graph, and the pinned buffers the step's indices are staged in.
+the static step captured as a CUDA graph, the pinned buffers the step's indices are staged in, and
+the device's free memory (the slots are fitted to it).
 The engine asks for them once per decode, on a CUDA device only; elsewhere it never comes here.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free on the CUDA ``device`` (the driver's count: other processes' use included), plus
+    what torch's caching allocator holds but does not use."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
 class Staging:

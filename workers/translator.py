@@ -14,12 +14,12 @@ import torch
 from workers.checkpoint import Checkpoint, Reader, load_checkpoint, local_reader
 from workers.config import SearchConfig
 from workers.engine import DecodeStats, Engine, StaticStep, batch_schedule
-from workers.scheduler import SchedulerConfig
+from workers.scheduler import CapacityUnit, SchedulerConfig
 from workers.search import Hypothesis
 from workers.shortlist import Shortlist
 from workers.speedups import EXACT, CpuSpeedups, apply_speedups
 from workers.training import collate
-from workers.tuning import BatchTuner, TunerConfig, available_memory, bytes_per_sentence
+from workers.tuning import BatchTuner, TunerConfig, available_memory, bytes_per_sentence, fit_slots
 
 logger = logging.getLogger(__name__)
 
@@ -170,8 +170,32 @@ class Translator:
                 batching: SchedulerConfig, stats: DecodeStats, static: StaticStep | None = None) -> Engine:
         model = self.checkpoint.model
         candidates = shortlist.candidates(sources).to(model.device) if shortlist else None
+        if model.device.type == "cuda":
+            batching = self._fit_to_memory(batching, sources, cfg, candidates)
         return Engine(model, cfg, batching, forced_eos=self.forced_eos, candidates=candidates, stats=stats,
                       static=static)
+
+    def _fit_to_memory(self, batching: SchedulerConfig, sources: list[list[int]], cfg: SearchConfig,
+                       candidates: torch.Tensor | None) -> SchedulerConfig:
+        """A GPU's slots: as many as asked, or as many as fill half its free memory when fewer, each
+        holding K/V of every layer for its beams to the call's longest source and length cap, and its
+        rows' logits (a slot count the GPU's defaults ask for may not fit a smaller GPU or model)."""
+        from workers.graphs import free_memory  # (CUDA only)
+        mc, model = self.checkpoint.model.config, self.checkpoint.model
+        longest = max(len(s) for s in sources)
+        per_slot = bytes_per_sentence(
+            layers=mc.decoder_layers, d_model=mc.d_model, beam=cfg.beam_size,
+            vocab=int(candidates.numel()) if candidates is not None else mc.decoder_vocab_size,
+            max_target=min(cfg.max_length_for(longest), mc.max_position_embeddings) + 1, max_source=longest,
+            bytes_per_value=model.model.shared.weight.element_size())
+        slots = fit_slots(batching.max_batch_sentences, free_memory(model.device), per_slot)
+        if slots == batching.max_batch_sentences:
+            return batching
+        logger.info("%d slots fit half of the GPU's free memory (%.1f MB a slot): decoding with %d, not %d",
+                    slots, per_slot / 2**20, slots, batching.max_batch_sentences)
+        sentences = batching.capacity_unit is CapacityUnit.SENTENCES
+        return replace(batching, max_batch_sentences=slots,
+                       capacity=min(batching.capacity, slots) if sentences else batching.capacity)
 
     def _search(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
                 stats: DecodeStats, static: StaticStep | None = None) -> list[list[Hypothesis]]:

@@ -122,6 +122,14 @@ def bytes_per_sentence(*, layers: int, d_model: int, vocab: int, beam: int, max_
     return beam * (kv + 2 * vocab) * bytes_per_value
 
 
+def fit_slots(wanted: int, free_bytes: int, bytes_per_slot: int, fraction: float = 0.5) -> int:
+    """The slots (sentences) to decode with: ``wanted``, or as many as fill ``fraction`` of the free
+    memory at ``bytes_per_slot`` each when fewer (at least 1)."""
+    if bytes_per_slot <= 0:
+        return wanted
+    return max(1, min(wanted, int(free_bytes * fraction // bytes_per_slot)))
+
+
 def available_memory() -> int:
     """Bytes of host memory free for new allocations (Linux ``MemAvailable``; 0 if unknown)."""
     try:

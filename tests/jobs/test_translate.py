@@ -77,6 +77,29 @@ def test_batching_auto_is_topup_unless_batches_decide_the_output():
     assert scheduler_config(build_parser().parse_args([*base, "--batching", "fifo", "--tune-batch"])).policy is Policy.FIFO
 
 
+def test_batching_defaults_follow_the_device_and_flags_win(tmp_path):
+    from jobs.translate import build_parser, pipeline_config, search_config
+    from workers.device import CPU_DEFAULTS, GPU_DEFAULTS
+    base = ["--model", "m", "--input", "i", "--output", str(tmp_path / "o")]
+
+    def settings(*extra):
+        args = build_parser().parse_args([*base, *extra])
+        pc = pipeline_config(args, search_config(args))
+        return pc.decoder, pc.unit_rows
+
+    cpu, units = settings()
+    assert (cpu.max_batch_size, cpu.static, cpu.batching.refill_threshold, cpu.device) == (32, None, 0.5, "cpu")
+    assert cpu.batching.max_batch_sentences == CPU_DEFAULTS.max_batch_size and units is None  # (units: by input size)
+    for gpu_flags in (["--device", "cuda"], ["--gpus-per-decoder", "1"], ["--device", "auto", "--gpus-per-decoder", "1"]):
+        gpu, _ = settings(*gpu_flags)
+        assert (gpu.max_batch_size, gpu.static.readback_every, gpu.batching.refill_threshold) == (
+            GPU_DEFAULTS.max_batch_size, GPU_DEFAULTS.static_step, GPU_DEFAULTS.refill_threshold), gpu_flags
+        assert gpu.batching.capacity == GPU_DEFAULTS.max_batch_size
+    given, units = settings("--device", "cuda", "--max-batch-size", "256", "--static-step", "0", "--refill-threshold",
+                            "0.5", "--unit-rows", "100")
+    assert (given.max_batch_size, given.static, given.batching.refill_threshold, units) == (256, None, 0.5, 100)
+
+
 def broken_model(tmp_path, demo_model_dir, drop=(), config: bytes | None = None):
     import shutil
     model = tmp_path / "model"

@@ -120,7 +120,7 @@ def job(model, inp, out, *extra) -> list[str]:
             *extra]  # later --beam-size wins
 
 
-def test_resume_with_other_unit_rows_is_refused_never_mixed(cluster, demo_model_dir, tmp_path, capsys):
+def test_resume_keeps_its_unit_rows_and_other_unit_rows_are_refused(cluster, demo_model_dir, tmp_path, capsys):
     src = write_corpus(tmp_path / "in.parquet", clean_corpus(400))
     out = tmp_path / "out"
     proc = spawn_driver(cluster, job(demo_model_dir, src, out, "--unit-rows", "20", "--beam-size", "4"),
@@ -129,9 +129,12 @@ def test_resume_with_other_unit_rows_is_refused_never_mixed(cluster, demo_model_
     proc.send_signal(signal.SIGKILL)  # a killed run whose first unit(s) committed
     proc.wait(timeout=60)
     with pytest.raises(SystemExit, match=r"started by another plan(.|\n)*--unit-rows 20 then, 2500 now"):
-        main(job(demo_model_dir, src, out, "--beam-size", "4"))
+        main(job(demo_model_dir, src, out, "--beam-size", "4", "--unit-rows", "2500"))
     assert not (out / "_SUCCESS").exists()
-    main(job(demo_model_dir, src, out, "--beam-size", "4", "--restart"))  # explicit: a fresh output
+    main(job(demo_model_dir, src, out, "--beam-size", "4"))  # --unit-rows left out: the output's plan's 20
+    assert_exactly_once(str(out), [f"r{i:04d}" for i in range(400)])
+    assert len(list(out.glob("part-*.parquet"))) == 20
+    main(job(demo_model_dir, src, out, "--beam-size", "4", "--restart"))  # explicit: a fresh output, default units
     assert_exactly_once(str(out), [f"r{i:04d}" for i in range(400)])
     assert json.loads((out / "_SUCCESS").read_text())["rows"] == 400
     assert len(list(out.glob("part-*.parquet"))) == 1  # the killed run's parts are gone

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.units import Columns, CorruptInput, InputError, plan_units, read_unit
+from pipeline.units import Columns, CorruptInput, InputError, auto_unit_rows, plan_units, read_unit
 
 
 def write(path, n: int, start: int = 0, **extra) -> None:
@@ -26,6 +26,17 @@ def test_units_cover_every_row_once_across_files(tmp_path) -> None:
     assert [i for r in rows for i in r.rows] == list(range(28))
     assert rows[1].texts == [f"Satz {i}." for i in range(10, 20)]  # spans row groups 1 and 2
     assert plan == plan_units(str(tmp_path), Columns(), unit_rows=10)  # stable across runs
+
+
+def test_default_unit_rows_follow_the_device_and_the_whole_input(tmp_path) -> None:
+    assert auto_unit_rows(10**8, gpu=False) == 2500  # the CPU: always
+    assert [auto_unit_rows(n, gpu=True) for n in (1000, 320_000, 1_000_000, 10**8)] == [2500, 5000, 15625, 50_000]
+    write(tmp_path / "a.parquet", 23)
+    write(tmp_path / "b.parquet", 5, start=23)
+    seen = []
+    plan = plan_units(str(tmp_path), Columns(), unit_rows=lambda rows: seen.append(rows) or 4)
+    assert seen == [28] and plan.unit_rows == 4  # sized by the total over every file, once
+    assert [u.stop - u.start for u in plan.units] == [4, 4, 4, 4, 4, 3, 4, 1]
 
 
 def test_row_numbers_are_ids_without_an_id_column(tmp_path) -> None:

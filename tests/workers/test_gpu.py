@@ -120,3 +120,23 @@ def test_staged_index_copies_survive_a_host_running_ahead_of_the_device():
         torch.cuda._sleep(20_000_000)  # the device lags the host, as under a deferred readback
         copies.append(staging.to_device(torch.full((4,), i, dtype=torch.long)))
     assert [c.tolist() for c in copies] == [[i] * 4 for i in range(6)]  # no buffer rewritten before its copy ran
+
+
+def test_the_gpu_defaults_translate_as_the_dynamic_step_and_fit_memory(cuda, monkeypatch):
+    """``jobs.translate --device cuda`` with no batching flags: 1024 slots, the static step read back
+    every 4 steps, top-up refilling at 5% empty (``workers.device.GPU_DEFAULTS``)."""
+    from workers import graphs
+    from workers.device import GPU_DEFAULTS as d
+    from workers.engine import StaticStep
+
+    src, _ = lines(1000)
+    sources, cfg = cuda.encode(src), SearchConfig(beam_size=5)
+    topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=d.max_batch_size, capacity=d.max_batch_size,
+                            beam_size=5, refill_threshold=d.refill_threshold)
+    dynamic = cuda.decode_ids(sources, cfg, batching=replace(topup, max_batch_sentences=32, capacity=32))
+    static = cuda.decode_ids(sources, cfg, batching=topup, static=StaticStep(readback_every=d.static_step))
+    assert [h[0].tokens for h in static.hypotheses] == [h[0].tokens for h in dynamic.hypotheses]
+    monkeypatch.setattr(graphs, "free_memory", lambda device: 2**30)  # a small GPU: 1 GB free
+    small = cuda.decode_ids(sources, cfg, batching=topup, static=StaticStep(readback_every=d.static_step))
+    assert max(small.stats.batch_sizes) < 1000  # fewer slots than asked for
+    assert [h[0].tokens for h in small.hypotheses] == [h[0].tokens for h in dynamic.hypotheses]

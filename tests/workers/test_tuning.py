@@ -9,7 +9,7 @@ from workers.config import SearchConfig
 from workers.scheduler import Policy, SchedulerConfig
 from workers.shortlist import LexicalTable, Shortlist
 from workers.translator import Translator
-from workers.tuning import BatchTuner, TunerConfig, bytes_per_sentence
+from workers.tuning import BatchTuner, TunerConfig, bytes_per_sentence, fit_slots
 
 
 def drive(tuner: BatchTuner, rate, batches: int) -> list[int]:
@@ -59,6 +59,36 @@ def test_memory_limit_caps_the_size() -> None:
     tuner = BatchTuner(TunerConfig(start=64))
     tuner.limit_memory(free_bytes=per * 40, bytes_per_sentence=per)  # half of it: 20 sentences
     assert tuner.cap == 20 and tuner.size == 20
+
+
+def test_slots_fit_half_the_free_memory() -> None:
+    assert fit_slots(1024, free_bytes=100 * 2**20, bytes_per_slot=2**20) == 50
+    assert fit_slots(32, free_bytes=100 * 2**20, bytes_per_slot=2**20) == 32  # fits: as asked
+    assert fit_slots(1024, free_bytes=0, bytes_per_slot=2**20) == 1  # never none
+
+
+def test_a_gpu_decode_fits_its_slots_to_free_memory_with_the_same_output(demo_model_dir, monkeypatch) -> None:
+    """``Translator._fit_to_memory`` (called on a CUDA device only; here on the CPU with the CUDA
+    query answered): the slots shrink to what fits, sized by the call's longest sentence."""
+    from workers import graphs
+
+    tr = Translator.load(str(demo_model_dir))
+    texts = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch.",
+             "Kinder spielen im Park.", "Ein Mann fährt Fahrrad.", "Eine Katze schläft."]
+    sources, cfg = tr.encode(texts), SearchConfig(beam_size=3)
+    topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=1024, capacity=1024, beam_size=3)
+    mc = tr.checkpoint.model.config
+    longest = max(map(len, sources))
+    per = bytes_per_sentence(layers=mc.decoder_layers, d_model=mc.d_model, vocab=mc.decoder_vocab_size, beam=3,
+                             max_target=cfg.max_length_for(longest) + 1, max_source=longest)
+    monkeypatch.setattr(graphs, "free_memory", lambda device: 5 * per)
+    fitted = tr._fit_to_memory(topup, sources, cfg, None)
+    assert (fitted.max_batch_sentences, fitted.capacity) == (2, 2)  # half of 5 slots' worth
+    expected = tr.decode_ids(sources, cfg, batching=topup).hypotheses
+    assert [h[0].tokens for h in tr.decode_ids(sources, cfg, batching=fitted).hypotheses] == \
+        [h[0].tokens for h in expected]
+    monkeypatch.setattr(graphs, "free_memory", lambda device: 10**12)
+    assert tr._fit_to_memory(topup, sources, cfg, None) is topup  # fits: unchanged
 
 
 def test_batch_out_of_memory_is_split_and_retried_with_identical_output(demo_model_dir, monkeypatch) -> None:
