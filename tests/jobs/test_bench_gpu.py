@@ -24,9 +24,11 @@ def test_bench_gpu_smoke_on_the_cpu(demo_model_dir, tmp_path):
     assert report["device"] == "CPU" and report["dtype"] == "torch.float32"
     peers = report["tables"]["multi30k/beam2"]
     rows = {r["system"]: r for r in peers["rows"]}
-    assert set(rows) == {"hf batch 4", "hf batch 12", "ours top-up 4", "ours static top-up 4 (read back every 4)"}
+    assert set(rows) == {"hf batch 4", "hf batch 12", "ours top-up 4", "ours static top-up 4 (read back every 4)",
+                         "ours static top-up 4 (read back every step)"}
     assert rows["ours top-up 4"]["bleu"] == rows["hf batch 4"]["bleu"]  # exact search: the same translations
     assert rows["ours static top-up 4 (read back every 4)"]["bleu"] == rows["ours top-up 4"]["bleu"]
+    assert rows["ours static top-up 4 (read back every step)"]["bleu"] == rows["ours top-up 4"]["bleu"]
     assert peers["ours_best_over_hf_best"] > 0
     batching = {r["system"] for r in report["tables"]["multi30k/batching/beam2"]["rows"]}
     assert batching == {"GREEDY", "FIXED", "VAR-BATCH", "VAR-STREAM", "VAR-STR-FIFO"}
