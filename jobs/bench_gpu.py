@@ -20,7 +20,9 @@ built where eflomal runs, e.g. ``python -m jobs.build_shortlist``; without it, p
 ``--tables output`` the output step alone: ATen's log-softmax + top-k against the fused Triton
 kernels (workers/triton_ops.py), each against the bytes-moved floor (reading the logits once at the
 device's measured copy bandwidth); and one layer's self-attention step: ATen's gathered copy
-against the Triton kernel reading through the ancestry in place, against its floor.
+against the Triton kernel reading through the ancestry in place, against its floor; and one
+layer's cross-attention step: ATen over the step's longest source (a static step's: the cache's
+whole capacity) against the Triton kernel reading each row's own source (``pipeline/bench_kernels.py``).
 ``--synthetic-base`` adds a randomly initialised transformer-base-shaped model (d 512, 6+6
 layers, vocabulary 32k, seeded) for GEMM-bound throughput (ours only: no reference outputs).
 """
@@ -37,13 +39,13 @@ import sacrebleu
 import torch
 
 from jobs.bench_batching import Run, run_all, systems, table, targets, topup_systems, topup_table
+from pipeline.bench_kernels import attention_rows, output_step_rows, source_attention_rows
 from pipeline.reports import SETS, markdown_table, read_lines, write_report
 from workers.config import ModelConfig, PruningConfig, SearchConfig
 from workers.device import GPU_DEFAULTS, resolve_device
 from workers.engine import DecodeStats, Engine, StaticStep
 from workers.scheduler import Policy, SchedulerConfig
 from workers.speedups import EXACT, CpuSpeedups
-from workers.step_ops import ATEN
 from workers.translator import Translator
 
 logger = logging.getLogger(__name__)
@@ -153,93 +155,6 @@ def synthetic_runner(translator: Translator, device: torch.device, dtype: torch.
         Engine(model, cfg, batching, stats=stats).decode(sources)
         return [""] * len(lines), stats.target_tokens
     return translate
-
-
-def device_seconds(device: torch.device, fn, repeats: int) -> float:
-    """Median seconds of ``fn()`` on ``device`` (CUDA events on a GPU), after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
-def copy_bandwidth(device: torch.device, mb: int = 512) -> float:
-    """Bytes per second a device-to-device copy moves (read + written), the floor's yardstick."""
-    src = torch.empty(mb * 2**20, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    return 2 * src.numel() / device_seconds(device, lambda: dst.copy_(src), 10)
-
-
-def output_step_rows(device: torch.device, vocab: int, row_counts: list[int], k: int = 10) -> tuple[list[dict], float]:
-    """The output step alone, (N, vocab) logits -> each row's k best log-probs: ATen (float32 copy,
-    log_softmax, <pad> ban, topk) and the fused Triton kernels, float32 and bf16 logits, against the
-    floor of reading the logits once -> (rows, the device's copy bandwidth in bytes/s)."""
-    from workers import triton_ops  # (imports Triton where it is installed)
-
-    bandwidth = copy_bandwidth(device)
-    kernels = {"aten": lambda x: ATEN.row_top(x, k, 0)}
-    if device.type == "cuda" and triton_ops.available():
-        kernels["triton fused"] = lambda x: triton_ops.row_top_log_softmax(x, k, 0)
-    rows = []
-    for n in row_counts:
-        for dtype in (torch.float32, torch.bfloat16):
-            logits = torch.randn(n, vocab, device=device).to(dtype)
-            floor = logits.numel() * logits.element_size() / bandwidth
-            for name, fn in kernels.items():
-                seconds = device_seconds(device, lambda: fn(logits), 20)
-                rows.append({"rows": n, "vocab": vocab, "logits": str(dtype).removeprefix("torch."), "kernel": name,
-                             "us": round(seconds * 1e6, 1), "floor_us": round(floor * 1e6, 1),
-                             "floor_share": round(floor / seconds, 3)})
-    return rows, bandwidth
-
-
-def attention_rows(device: torch.device, model: torch.nn.Module, row_counts: list[int], histories: list[int],
-                   capacity: int, bandwidth: float) -> list[dict]:
-    """One layer's self-attention step alone, every row over a ``history``-long prefix through the
-    cache's ancestry: ATen's path (gather a (t, N, H, D) copy, mask, attend) against the Triton kernel
-    reading in place, over the step's history (the dynamic step: t = history) and over the cache's
-    whole ``capacity`` (the static step: ATen reads it all, the kernel each row's own prefix). The
-    floor: each row's K and V prefix read once, at the device's copy bandwidth."""
-    from workers import triton_ops
-    from workers.step_ops import attend, gather_history
-
-    sa = model.model.decoder.layers[0].self_attn
-    h, d, dtype = sa.num_heads, sa.head_dim, next(model.parameters()).dtype
-    rows = []
-    for n, history in ((n, x) for n in row_counts for x in histories):
-        for t in sorted({history, max(capacity, history)}):
-            keys, values = (torch.randn(t, n, h, d, device=device).to(dtype) for _ in range(2))
-            ancestry = torch.randint(0, n, (t, n), device=device)
-            reads = torch.full((n,), history, device=device)
-            q = torch.randn(n, h, d, device=device).to(dtype)
-            steps, mask = torch.arange(t, device=device), None
-            if t > history:
-                mask = (steps[None, :] < reads[:, None])[:, None, None, :]
-
-            def aten():
-                return attend(q[:, :, None], *gather_history(keys, values, ancestry), mask)  # (N, H, t, D) copies
-            kernels = {"aten gather": aten}
-            if device.type == "cuda" and triton_ops.available():
-                kernels["triton in place"] = lambda: triton_ops.ancestry_attention(q, keys, values, ancestry, reads,
-                                                                                   d ** -0.5)
-            floor = 2 * n * history * h * d * keys.element_size() / bandwidth
-            for name, fn in kernels.items():
-                seconds = device_seconds(device, fn, 20)
-                rows.append({"rows": n, "history": history, "t": t, "dtype": str(dtype).removeprefix("torch."),
-                             "kernel": name, "us": round(seconds * 1e6, 1), "floor_us": round(floor * 1e6, 1),
-                             "floor_share": round(floor / seconds, 3)})
-    return rows
 
 
 def search_runs(translator: Translator, beam: int, n: int, shortlist_path: str | None) -> list[Run]:
@@ -368,6 +283,13 @@ def main(argv: list[str] | None = None) -> None:
         report["tables"]["self-attention-step"] = {"rows": rows}
         md += ["## One layer's self-attention step alone: each row over its history, through the ancestry "
                "(t = 257: a static step's capacity; floor = each row's K/V prefix read once)\n", markdown_table(rows), ""]
+        write_report(args.out, report, md, echo=False)
+        rows = source_attention_rows(device, translator.checkpoint.model,
+                                     [max(1, int(n) // 5) for n in args.output_rows.split(",")],
+                                     [24, 64], 256, 5, bandwidth)
+        report["tables"]["cross-attention-step"] = {"rows": rows}
+        md += ["## One layer's cross-attention step alone: 5 rows a slot over a source of `length` tokens in a cache of "
+               "256 (s: the positions ATen reads; floor = each slot's K/V read once)\n", markdown_table(rows), ""]
         write_report(args.out, report, md, echo=False)
     if args.synthetic_base:
         base = synthetic_runner(translator, device, dtype)

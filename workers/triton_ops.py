@@ -1,5 +1,6 @@
-"""The GPU's step kernels in Triton: the fused log-softmax + top-k (the top-up paper's Algorithm 3)
-and self-attention read in place through the cache's ancestry.
+"""The GPU's step kernels in Triton: the fused log-softmax + top-k (the top-up paper's Algorithm 3),
+self-attention read in place through the cache's ancestry, and cross-attention over each
+sentence's own source.
 
 ATen's output step on a GPU is four kernels and three passes over the (N, V) logits: a float32
 copy (bf16 logits), ``log_softmax`` (reads, writes), the ``<pad>`` ban, ``topk`` (reads again).
@@ -19,7 +20,10 @@ The bytes-moved floor of the step is reading the logits once (N x V x the dtype'
 ``row_top`` and ``self_attention`` through ``_ancestry_attention``: each row reads its own K/V
 history in place through the cache's ancestry table (workers/cache.py), where ATen's path gathers a
 (t, N, H, D) copy of every row's keys and values over the step's longest history, per layer (a
-static step's t is the cache's whole capacity). The same kernels run on the CPU under Triton's
+static step's t is the cache's whole capacity); and ``cross_attention`` through ``_source_attention``:
+each row reads its sentence's source K/V up to that source's length, where ATen's path reads every
+planned slot's over the step's longest source (a static step's: the cache's whole source capacity,
+the longest source of the work unit). The same kernels run on the CPU under Triton's
 interpreter (``TRITON_INTERPRET=1``, set before this module is imported), which is how CI tests them
 (tests/workers/test_triton_ops.py).
 """
@@ -89,6 +93,18 @@ if triton is not None:
             val = tl.where(j == where, float("-inf"), val)
 
     @triton.jit
+    def _attend_block(query, k, v, inside, best, total, acc):
+        """One block of keys and values (BLOCK, D) into a query's running softmax (float32): the
+        running max ``best``, the sum of exp(score - best) ``total`` and the weighted values ``acc``
+        (D,), rescaled when the max moves (the online softmax)."""
+        scores = tl.where(inside, tl.sum(k * query[None, :], axis=1), float("-inf"))  # (BLOCK,)
+        new_best = tl.maximum(best, tl.max(scores, axis=0))
+        weights = tl.exp(scores - new_best)
+        rescale = tl.exp(best - new_best)
+        total = total * rescale + tl.sum(weights, axis=0)
+        return new_best, total, acc * rescale + tl.sum(weights[:, None] * v, axis=0)
+
+    @triton.jit
     def _ancestry_attention(q, keys, values, ancestry, reads, out, stride_kt, stride_kr, stride_at, scale,
                             H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr):
         row, head = tl.program_id(0), tl.program_id(1)
@@ -102,14 +118,27 @@ if triton is not None:
             src = tl.load(ancestry + p.to(tl.int64) * stride_at + row, mask=inside, other=0)  # the row's ancestor at p
             at = p.to(tl.int64)[:, None] * stride_kt + src[:, None] * stride_kr + head * D + d[None, :]  # (BLOCK_T, D)
             k = tl.load(keys + at, mask=inside[:, None], other=0.0).to(tl.float32)
-            scores = tl.where(inside, tl.sum(k * query[None, :], axis=1), float("-inf"))
-            new_best = tl.maximum(best, tl.max(scores, axis=0))
-            weights = tl.exp(scores - new_best)
-            rescale = tl.exp(best - new_best)
             v = tl.load(values + at, mask=inside[:, None], other=0.0).to(tl.float32)
-            total = total * rescale + tl.sum(weights, axis=0)
-            acc = acc * rescale + tl.sum(weights[:, None] * v, axis=0)
-            best = new_best
+            best, total, acc = _attend_block(query, k, v, inside, best, total, acc)
+        tl.store(out + (row * H + head) * D + d, tl.where(total > 0, acc / total, 0.0).to(out.dtype.element_ty))
+
+    @triton.jit
+    def _source_attention(q, keys, values, sentence, lengths, out, stride_ks, stride_kh, scale,
+                          H: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr):
+        row, head = tl.program_id(0), tl.program_id(1)
+        d = tl.arange(0, D)
+        query = tl.load(q + (row * H + head) * D + d).to(tl.float32) * scale  # (D,)
+        slot = tl.load(sentence + row).to(tl.int64)
+        count = tl.load(lengths + slot)  # the sentence's source tokens: nothing past them is read
+        base = slot * stride_ks + head * stride_kh
+        best, total, acc = float("-inf"), 0.0, tl.zeros((D,), dtype=tl.float32)
+        for start in range(0, count, BLOCK_S):
+            p = start + tl.arange(0, BLOCK_S)  # (BLOCK_S,)
+            inside = p < count
+            at = base + p.to(tl.int64)[:, None] * D + d[None, :]  # (BLOCK_S, D): one contiguous block
+            k = tl.load(keys + at, mask=inside[:, None], other=0.0).to(tl.float32)
+            v = tl.load(values + at, mask=inside[:, None], other=0.0).to(tl.float32)
+            best, total, acc = _attend_block(query, k, v, inside, best, total, acc)
         tl.store(out + (row * H + head) * D + d, tl.where(total > 0, acc / total, 0.0).to(out.dtype.element_ty))
 
 
@@ -170,9 +199,27 @@ def ancestry_attention(q: Tensor, keys: Tensor, values: Tensor, ancestry: Tensor
     return out
 
 
+def source_attention(q: Tensor, keys: Tensor, values: Tensor, sentence: Tensor, lengths: Tensor,
+                     scale: float) -> Tensor:
+    """Each row's query over its own sentence's source, read in place. q (N, H, D); keys/values
+    (slots, H, S, D), one layer of the cross-attention cache (contiguous over S and D); sentence (N,)
+    each row's slot; lengths (slots,) each slot's source tokens -> (N, H, D) in q's dtype, float32
+    inside. Bytes moved: each row's own source K/V (its beams share them, through the L2 cache),
+    where ATen's path reads every planned slot's K/V over the step's longest source (a static
+    step's: the cache's whole source capacity)."""
+    n, h, d = q.shape
+    out = torch.empty_like(q)
+    if n == 0:
+        return out
+    assert keys.stride(3) == 1 and keys.stride(2) == d and keys.stride() == values.stride(), "one cache layer"
+    _source_attention[(n, h)](q.contiguous(), keys, values, sentence, lengths, out, keys.stride(0), keys.stride(1),
+                              scale, H=h, D=d, BLOCK_S=ATTENTION_BLOCK)
+    return out
+
+
 class TritonOps(AtenOps):
-    """ATen's operators with the fused Triton ``row_top`` and ``self_attention``: the GPU decoder's
-    backend."""
+    """ATen's operators with the fused Triton ``row_top``, ``self_attention`` and ``cross_attention``:
+    the GPU decoder's backend."""
 
     def zeroed_cache(self, dtype: torch.dtype, device: torch.device, static: bool) -> bool:
         """The kernel reads each row's own written history (a static step's idle rows: position 0,
@@ -194,6 +241,17 @@ class TritonOps(AtenOps):
         n = x.shape[0]
         out = ancestry_attention(q.reshape(n, sa.num_heads, sa.head_dim), cache.self_k[:, layer],
                                  cache.self_v[:, layer], at.ancestry, at.reads, sa.head_dim ** -0.5)
+        return out.view(n, -1)
+
+    def cross_attention(self, q: Tensor, cache: KVCache, layer: int, at: StepAt) -> Tensor:
+        """``source_attention``: each row reads its own sentence's source K/V, its length and no more.
+        q (N, E) -> (N, E)."""
+        if q.device.type != "cuda" and not INTERPRETED:
+            return ATEN.cross_attention(q, cache, layer, at)
+        _, _, h, _, d = cache.cross_k.shape
+        n = q.shape[0]
+        out = source_attention(q.view(n, h, d), cache.cross_k[layer], cache.cross_v[layer], at.sentence,
+                               cache.source_lengths, d ** -0.5)
         return out.view(n, -1)
 
 

@@ -45,4 +45,8 @@ def test_bench_gpu_smoke_on_the_cpu(demo_model_dir, tmp_path):
     attention = report["tables"]["self-attention-step"]["rows"]
     assert {(r["history"], r["t"]) for r in attention} == {(16, 16), (16, 257), (64, 64), (64, 257)}
     assert {r["kernel"] for r in attention} == {"aten gather"} and all(r["floor_share"] > 0 for r in attention)
+    cross = report["tables"]["cross-attention-step"]["rows"]
+    assert {(r["length"], r["kernel"]) for r in cross} == {(24, "aten (s = 24)"), (24, "aten (s = 256)"),
+                                                           (64, "aten (s = 64)"), (64, "aten (s = 256)")}
+    assert all(r["slots"] == 1 and r["floor_share"] > 0 for r in cross)
     assert "# GPU benchmark on CPU" in out.with_suffix(".md").read_text()

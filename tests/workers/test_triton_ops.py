@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,45 @@ def test_attention_through_the_ancestry_equals_atens_gathered_attention(t, n, dt
     mask = (torch.arange(t, device=DEVICE)[None, :] < reads[:, None])[:, None, None, :]
     want = attend(q[:, :, None].float(), k, v, mask)[:, :, 0]
     assert got.dtype == dtype and got.shape == (n, h, d)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(got.float(), want, **tol)
+
+
+@kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("static", [False, True])
+def test_attention_over_each_source_equals_atens_cross_attention(dtype, static):
+    """Each row over its own sentence's source (``source_attention``: its length, no more), against
+    ATen's path over the planned slots' longest source with the padding masked (``static``: every
+    slot planned, over the cache's whole source capacity). Lengths 1 to 37, across BLOCK_S chunks;
+    the slots' K/V past their lengths are NaN, which the kernel never reads."""
+    from workers.cache import KVCache
+    torch.manual_seed(int(static))
+    h, d, k, capacity, lengths = 4, 16, 3, 40, [5, 37, 1, 17]
+    cache = KVCache.empty(layers=2, heads=h, head_dim=d, slots=4, beam_size=k, source_capacity=capacity,
+                          dtype=dtype, device=torch.device(DEVICE), zeroed=True)
+    s = max(lengths)
+    mask = torch.arange(s, device=DEVICE)[None, :] < torch.tensor(lengths, device=DEVICE)[:, None]  # (4, s)
+    cross = [(torch.randn(4, h, s, d, device=DEVICE).to(dtype), torch.randn(4, h, s, d, device=DEVICE).to(dtype))
+             for _ in range(2)]
+    cache.admit(torch.arange(4, device=DEVICE), cross, mask)
+    want_cache = (cache.cross_k.clone(), cache.cross_v.clone())
+    written = torch.arange(capacity, device=DEVICE)[None, :] < torch.tensor(lengths, device=DEVICE)[:, None]
+    for x in (cache.cross_k, cache.cross_v):  # (L, slots, H, S, D)
+        x.masked_fill_(~written[None, :, None, :, None], float("nan"))
+    planned = [0, 1, 2, 3] if static else [0, 1, 3]
+    rows = [j * k + b for j in planned for b in range(k)][:-1]  # the last slot's last beam is not live
+    grid = [planned.index(r // k) * k + r % k for r in rows]
+    t = lambda x: torch.tensor(x, device=DEVICE)  # noqa: E731
+    at = cache.step_at(t([0] * len(rows)), t(rows), t([0] * len(rows)), t(grid), t(planned), t=1,
+                       s=capacity if static else max(lengths[j] for j in planned), shared=True,
+                       first=0 if static else -1)
+    q = torch.randn(len(rows), h * d, device=DEVICE).to(dtype)
+    got = triton_ops.TritonOps().cross_attention(q, cache, 1, at)
+    cache.cross_k, cache.cross_v = want_cache  # (ATen reads up to s: the padding must be finite there)
+    want = ATEN.cross_attention(q.float(), replace(cache, cross_k=cache.cross_k.float(), cross_v=cache.cross_v.float(),
+                                                   cross_bias=cache.cross_bias.float()), 1, at)
+    assert got.dtype == dtype and got.shape == (len(rows), h * d)
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(got.float(), want, **tol)
 
@@ -187,6 +227,11 @@ def test_the_kernels_compile_for_an_h100_without_spills(monkeypatch):
              "CANDIDATES": "constexpr"}
     builds = [(triton_ops._ancestry_attention, attention | {n: ptr[dt] for n in ("q", "keys", "values", "out")},
                {"H": 8, "D": 64, "BLOCK_T": triton_ops.ATTENTION_BLOCK}) for dt in ptr]
+    source = {name: "*fp32" for name in ("q", "keys", "values", "out")} | {
+        "sentence": "*i64", "lengths": "*i64", "stride_ks": "i64", "stride_kh": "i64", "scale": "fp32",
+        "H": "constexpr", "D": "constexpr", "BLOCK_S": "constexpr"}
+    builds += [(triton_ops._source_attention, source | {n: ptr[dt] for n in ("q", "keys", "values", "out")},
+                {"H": 8, "D": 64, "BLOCK_S": triton_ops.ATTENTION_BLOCK}) for dt in ptr]
     builds += [(triton_ops._chunk_top, chunk | {"logits": ptr[dt]}, {"K": 10, "BLOCK": 2048}) for dt in ptr]
     builds += [(triton_ops._merge_top, merge, {"K": 10, "CHUNKS": 32, "CANDIDATES": 512})]
     for fn, signature, constants in builds:
@@ -205,8 +250,9 @@ def test_the_kernels_compile_for_an_h100_without_spills(monkeypatch):
 @pytest.mark.parametrize("static", [False, True])
 def test_the_triton_attention_never_reads_an_unwritten_position(demo_model_dir, static, monkeypatch):
     """With the Triton attention the K/V cache is not zeroed (``TritonOps.zeroed_cache``): every
-    position a row reads was written first, a static step's idle rows included. Here the never-
-    written K/V are NaN: one read of them would poison that row's softmax and change the output."""
+    position a row reads was written first, a static step's idle rows included, and every source
+    position a row reads is its own sentence's. Here the never-written K/V, self- and cross-attention,
+    are NaN: one read of them would poison that row's softmax and change the output."""
     from workers.cache import KVCache
     from workers.config import SearchConfig
     from workers.engine import StaticStep
@@ -218,7 +264,8 @@ def test_the_triton_attention_never_reads_an_unwritten_position(demo_model_dir, 
     def poisoned(cls, **kwargs):
         cache = empty(cls, **kwargs)
         if not cache.zeroed:
-            cache.self_k.fill_(float("nan")), cache.self_v.fill_(float("nan"))
+            for x in (cache.self_k, cache.self_v, cache.cross_k, cache.cross_v):
+                x.fill_(float("nan"))
         made.append(cache.zeroed)
         return cache
 
