@@ -70,19 +70,23 @@ class StaticIndices:
             self.age += 1
             self.advanced += 1
             return self.index
-        c = self.slots
-        length, generated, capped, planned, cap = [self.scratch] * c, [1] * c, [0] * c, [0] * c, [0] * c
-        live, fresh = 0, self.scratch + 1
-        for i in plan.expand:
-            r, slot = requests[i], slot_of(i)
-            j = slot.index
-            cap[j] = slot.max_length
-            if r.length >= slot.max_length:  # ended at its cap on the device: awaits a readback
-                continue
-            length[j], generated[j], planned[j] = r.length, r.length + 1, 1
-            capped[j] = int(r.length + 1 >= slot.max_length)
-            live, fresh = live + r.width, min(fresh, slot.max_length - r.length)
-        packed = self.to_device(np.array(length + generated + capped + planned + cap, dtype=np.int64))
+        c, expand = self.slots, plan.expand
+        b = len(expand)
+        held = [slot_of(i) for i in expand]
+        slot = np.fromiter((x.index for x in held), np.int64, b)  # (B',) per planned sentence
+        cap = np.fromiter((x.max_length for x in held), np.int64, b)
+        length = np.fromiter((requests[i].length for i in expand), np.int64, b)
+        width = np.fromiter((requests[i].width for i in expand), np.int64, b)
+        runs = length < cap  # one that ended at its cap on the device awaits a readback
+        buffer = np.zeros((FIELDS, c), np.int64)  # length, generated, capped, planned, cap (slots,) each
+        buffer[0], buffer[1] = self.scratch, 1
+        buffer[4, slot] = cap
+        j, at = slot[runs], length[runs]
+        buffer[0, j], buffer[1, j], buffer[3, j] = at, at + 1, 1
+        buffer[2, j] = at + 1 >= cap[runs]
+        live = int(width[runs].sum())
+        fresh = int(min(self.scratch + 1, (cap[runs] - at).min(initial=self.scratch + 1)))
+        packed = self.to_device(buffer.reshape(-1))
         if self.buffer is None:
             self.buffer = torch.empty_like(packed)
         self.buffer.copy_(packed)  # one buffer, so a captured step reads each step's values
