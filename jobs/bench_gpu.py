@@ -59,6 +59,7 @@ class Measured:
     texts: list[str] = field(default_factory=list)
     peak_mb: float = 0.0
     steps: int = 0  # decoder steps of one run (ours; HF: 0, not counted)
+    error: str = ""  # why it has no figures (out of memory at this size: a row that says so, not a crash)
 
 
 def synchronize(device: torch.device) -> None:
@@ -118,20 +119,29 @@ def ours_runner(translator: Translator, static: StaticStep | None = None, refill
 
 def measure(name: str, device: torch.device, run, lines: list[str], repeats: int) -> Measured:
     m = Measured(name)
-    run(lines[:16])  # warm-up (allocator, kernels), excluded
-    for _ in range(repeats):
-        seconds, result, peak = timed(device, lambda: run(lines))
-        m.texts, m.tokens, m.steps = (*result, 0)[:3]
-        m.seconds.append(seconds)
-        m.peak_mb = max(m.peak_mb, peak)
+    try:
+        run(lines[:16])  # warm-up (allocator, kernels), excluded
+        for _ in range(repeats):
+            seconds, result, peak = timed(device, lambda: run(lines))
+            m.texts, m.tokens, m.steps = (*result, 0)[:3]
+            m.seconds.append(seconds)
+            m.peak_mb = max(m.peak_mb, peak)
+    except torch.OutOfMemoryError as e:
+        logging.warning("%s: out of memory (%s)", name, str(e).splitlines()[0])
+        m.error = "out of memory"
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return m
 
 
 def rows_of(measured: list[Measured], refs: list[str] | None) -> list[dict]:
-    return [{"system": m.system, "tokens_per_s": round(m.tokens / statistics.median(m.seconds), 1),
-             "target_tokens": m.tokens, "bleu": round(sacrebleu.corpus_bleu(m.texts, [refs]).score, 2) if refs else None,
-             "peak_device_mb": round(m.peak_mb, 1), "median_s": round(statistics.median(m.seconds), 3),
-             "ms_per_step": round(1e3 * statistics.median(m.seconds) / m.steps, 3) if m.steps else None}
+    """One row per system; one that ran out of memory keeps its row, its figures None."""
+    return [{"system": m.system + (f" ({m.error})" if m.error else ""),
+             "tokens_per_s": round(m.tokens / statistics.median(m.seconds), 1) if m.seconds else None,
+             "target_tokens": m.tokens,
+             "bleu": round(sacrebleu.corpus_bleu(m.texts, [refs]).score, 2) if refs and m.texts else None,
+             "peak_device_mb": round(m.peak_mb, 1), "median_s": round(statistics.median(m.seconds), 3) if m.seconds else None,
+             "ms_per_step": round(1e3 * statistics.median(m.seconds) / m.steps, 3) if m.steps and m.seconds else None}
             for m in measured]
 
 
@@ -237,9 +247,11 @@ def main(argv: list[str] | None = None) -> None:
                     measured.append(measure(f"ours static top-up {c} (read back every step)", device,
                                             lambda x: every_step(x, beam, c), lines, args.repeats))
             rows = rows_of(measured, refs)
-            best = {who: max((r for r in rows if r["system"].startswith(who)), key=lambda r: r["tokens_per_s"])
+            best = {who: max((r for r in rows if r["system"].startswith(who) and r["tokens_per_s"]),
+                             key=lambda r: r["tokens_per_s"], default={"system": "none", "tokens_per_s": None})
                     for who in ("hf", "ours")}
-            ratio = round(best["ours"]["tokens_per_s"] / best["hf"]["tokens_per_s"], 2)
+            ratio = round(best["ours"]["tokens_per_s"] / best["hf"]["tokens_per_s"], 2) \
+                if best["ours"]["tokens_per_s"] and best["hf"]["tokens_per_s"] else None
             report["tables"][f"{set_name}/beam{beam}"] = {"rows": rows, "ours_best_over_hf_best": ratio}
             md += [f"## {set_name}, beam {beam}, {len(lines)} lines\n", markdown_table(rows), "",
                    f"ours best / HF best = {ratio} ({best['ours']['system']} vs {best['hf']['system']})", ""]

@@ -91,11 +91,12 @@ class KVCache:
     source_lengths: Tensor
     beam_size: int
     zeroed: bool
+    limit: int = 0  # the most target positions a decode can reach (0: unbounded): growth stops there
 
     @classmethod
     def empty(cls, *, layers: int, heads: int, head_dim: int, slots: int, beam_size: int, source_capacity: int,
               dtype: torch.dtype, device: torch.device, zeroed: bool,
-              target_capacity: int = INITIAL_CAPACITY) -> "KVCache":
+              target_capacity: int = INITIAL_CAPACITY, limit: int = 0) -> "KVCache":
         rows, opts = slots * beam_size, dict(dtype=dtype, device=device)
         shape = (target_capacity, layers, rows, heads, head_dim)
         new = torch.zeros if zeroed else torch.empty
@@ -103,7 +104,7 @@ class KVCache:
         index = torch.zeros(target_capacity, rows, dtype=torch.long, device=device)
         return cls(new(shape, **opts), new(shape, **opts), index, index.clone(), cross, torch.zeros_like(cross),
                    torch.zeros(slots, 1, source_capacity, **opts),
-                   torch.ones(slots, dtype=torch.long, device=device), beam_size, zeroed)
+                   torch.ones(slots, dtype=torch.long, device=device), beam_size, zeroed, limit)
 
     @property
     def max_length(self) -> int:
@@ -111,10 +112,12 @@ class KVCache:
         return self.self_k.shape[0]
 
     def reserve(self, length: int) -> None:
-        """Room for ``length`` positions (doubling, so growth costs O(length) overall)."""
+        """Room for ``length`` positions (doubling, so growth costs O(length) overall, but never past
+        ``limit``: a doubling past the longest sentence's cap would only hold memory)."""
         if length <= self.max_length:
             return
         cap = max(length, 2 * self.max_length)
+        cap = min(cap, max(self.limit, length)) if self.limit else cap
         for name in ("self_k", "self_v", "ancestry", "tokens"):
             old = getattr(self, name)
             zero = self.zeroed or old.dtype == torch.long  # indices stay valid rows everywhere

@@ -125,8 +125,9 @@ class Engine:
         mc, k, dev = self.model.config, self.search.beam_size, self.model.device
         slots = min(self.schedule.max_batch_sentences, len(sources))
         caps = max_lengths([len(s) for s in sources], self.search, mc.max_position_embeddings)
-        static = dict(target_capacity=max(caps) + 1, static=True) if self.static else {}  # + a scratch position
-        self.cache: KVCache = self.model.new_cache(slots, k, max(len(s) for s in sources), **static)
+        shape = dict(target_capacity=max(caps) + 1, static=True) if self.static else {}  # + a scratch position
+        self.cache: KVCache = self.model.new_cache(slots, k, max(len(s) for s in sources), limit=max(caps) + 1,
+                                                   **shape)
         self.state = SlotState.empty(slots, k, max(caps), mc.pad_token_id, dev)
         lp = self.search.length_penalty
         self._norm = torch.tensor([float(n) ** lp if n else 1.0 for n in range(max(caps) + 2)], dtype=torch.float64,

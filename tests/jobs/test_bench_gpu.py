@@ -50,3 +50,18 @@ def test_bench_gpu_smoke_on_the_cpu(demo_model_dir, tmp_path):
                                                            (64, "aten (s = 64)"), (64, "aten (s = 256)")}
     assert all(r["slots"] == 1 and r["floor_share"] > 0 for r in cross)
     assert "# GPU benchmark on CPU" in out.with_suffix(".md").read_text()
+
+
+def test_a_size_that_runs_out_of_memory_is_a_row_that_says_so():
+    import torch
+
+    from jobs.bench_gpu import measure, rows_of
+
+    def too_big(lines):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
+
+    lines = ["a dog runs over the green grass .", "two men play football in the park ."]
+    fits = measure("ours top-up 4", torch.device("cpu"), lambda x: (list(x), 8 * len(x), 2), lines, 2)
+    rows = rows_of([fits, measure("ours top-up 1024", torch.device("cpu"), too_big, lines, 2)], lines)
+    assert rows[0]["tokens_per_s"] > 0 and rows[0]["bleu"] == 100.0
+    assert rows[1]["system"] == "ours top-up 1024 (out of memory)" and rows[1]["tokens_per_s"] is None

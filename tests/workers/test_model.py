@@ -162,6 +162,11 @@ def test_new_cache_shapes(model):
     assert cache.self_k.shape == (5, 2, 6, 4, 8)  # (T, L, R, H, D): time-major, R = slots x K
     assert cache.cross_k.shape == (2, 2, 4, 4, 8)  # (L, slots, H, S, D)
     assert cache.ancestry.shape == (5, 6) and cache.max_length == 5
+    cache.reserve(6)
+    assert cache.max_length == 10  # doubling: growth is O(length) overall
+    bounded = model.new_cache(2, 3, 4, target_capacity=5, limit=7)
+    bounded.reserve(6)
+    assert bounded.max_length == 7 and bounded.ancestry.shape == (7, 6)  # not past the longest cap
 
 
 @torch.no_grad()
