@@ -181,6 +181,20 @@ def row_top_log_softmax(logits: Tensor, k: int, skip: int = -1) -> tuple[Tensor,
     return out_val, out_col
 
 
+def _per_row_and_head(kernel, q: Tensor, keys: Tensor, values: Tensor, *args, block: str) -> Tensor:
+    """Launch an attention kernel with one program per (row, head): q (N, H, D) -> out (N, H, D).
+    The kernel's arguments: q, keys, values, ``args``' first two, out, keys' two outer strides, the
+    rest of ``args``; keys/values one cache layer, unit strides over the last two dimensions."""
+    n, h, d = q.shape
+    out = torch.empty_like(q)
+    if n == 0:
+        return out
+    assert keys.stride(3) == 1 and keys.stride(2) == d and keys.stride() == values.stride(), "one cache layer"
+    kernel[(n, h)](q.contiguous(), keys, values, *args[:2], out, keys.stride(0), keys.stride(1), *args[2:],
+                   H=h, D=d, **{block: ATTENTION_BLOCK})
+    return out
+
+
 def ancestry_attention(q: Tensor, keys: Tensor, values: Tensor, ancestry: Tensor, reads: Tensor,
                        scale: float) -> Tensor:
     """One query per row over its own history, read in place through the ancestry table (no gathered
@@ -189,14 +203,8 @@ def ancestry_attention(q: Tensor, keys: Tensor, values: Tensor, ancestry: Tensor
     many positions row n attends over (its position + 1) -> (N, H, D) in q's dtype, float32 inside.
     Bytes moved: each row's own K/V once (the floor), where ATen's gather writes (t, N, H, D) and
     reads it again, over every row's t, not its own length."""
-    n, h, d = q.shape
-    out = torch.empty_like(q)
-    if n == 0:
-        return out
-    assert keys.stride(3) == 1 and keys.stride(2) == d and keys.stride() == values.stride(), "one cache layer"
-    _ancestry_attention[(n, h)](q.contiguous(), keys, values, ancestry, reads, out, keys.stride(0), keys.stride(1),
-                                ancestry.stride(0), scale, H=h, D=d, BLOCK_T=ATTENTION_BLOCK)
-    return out
+    return _per_row_and_head(_ancestry_attention, q, keys, values, ancestry, reads, ancestry.stride(0), scale,
+                             block="BLOCK_T")
 
 
 def source_attention(q: Tensor, keys: Tensor, values: Tensor, sentence: Tensor, lengths: Tensor,
@@ -207,14 +215,7 @@ def source_attention(q: Tensor, keys: Tensor, values: Tensor, sentence: Tensor, 
     inside. Bytes moved: each row's own source K/V (its beams share them, through the L2 cache),
     where ATen's path reads every planned slot's K/V over the step's longest source (a static
     step's: the cache's whole source capacity)."""
-    n, h, d = q.shape
-    out = torch.empty_like(q)
-    if n == 0:
-        return out
-    assert keys.stride(3) == 1 and keys.stride(2) == d and keys.stride() == values.stride(), "one cache layer"
-    _source_attention[(n, h)](q.contiguous(), keys, values, sentence, lengths, out, keys.stride(0), keys.stride(1),
-                              scale, H=h, D=d, BLOCK_S=ATTENTION_BLOCK)
-    return out
+    return _per_row_and_head(_source_attention, q, keys, values, sentence, lengths, scale, block="BLOCK_S")
 
 
 class TritonOps(AtenOps):
