@@ -220,7 +220,7 @@ class DecoderWorker:
         texts, scores = [[] for _ in range(n)], [0.0] * n
         nbest: list[list[dict]] = [[] for _ in range(n)]
         for i, h in zip(enc.piece_row, hyps):
-            piece_nbest = [{"text": tok.decode(list(x.tokens)), "score": x.score} for x in h]  # decoded once
+            piece_nbest = [{"text": tok.decode(x.tokens), "score": x.score} for x in h]  # decoded once
             texts[i].append(piece_nbest[0]["text"])
             scores[i] += h[0].score
             nbest[i].append(piece_nbest)

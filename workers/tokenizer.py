@@ -7,6 +7,7 @@ Decoding: ids -> pieces (special tokens dropped), pieces joined by sentencepiece
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sentencepiece as spm
@@ -49,6 +50,8 @@ class MarianTokenizer:
         # HF decodes through the source spm when the vocabulary is shared.
         self.decode_spm = self.target_spm if self.separate_vocabs else self.source_spm
         self.special_tokens = {"</s>", "<unk>", "<pad>"}
+        # id -> piece for the ids a decode keeps (special tokens and ids outside the vocab drop out)
+        self.kept_pieces = {i: p for i, p in self.target_pieces.items() if p not in self.special_tokens}
 
     @property
     def source_vocab_size(self) -> int:
@@ -75,8 +78,7 @@ class MarianTokenizer:
         pieces = self.target_spm.encode(text, out_type=str)
         return [self.target_vocab.get(p, unk) for p in pieces] + [self.target_special.eos]
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         """Target ids -> text, special tokens skipped (``skip_special_tokens=True``)."""
-        pieces = [self.target_pieces.get(i, "<unk>") for i in ids]
-        pieces = [p for p in pieces if p not in self.special_tokens]
+        pieces = [p for p in map(self.kept_pieces.get, ids) if p is not None]
         return self.decode_spm.decode_pieces(pieces).replace(SPIECE_UNDERLINE, " ").strip()
