@@ -16,8 +16,12 @@ is an existing directory or has no file extension; otherwise one file assembled 
 kept in ``<output>.parts/``: Parquet for ``.parquet``, text (a line per input row) for any other
 extension (``.txt``, ``.en``, ...). Rerunning the same command resumes: committed units are
 skipped; a rerun with another input, model, search or ``--unit-rows`` is refused (``--restart``
-discards the old output). Paths may be local or fsspec URLs (``s3://``; endpoint and credentials
-from the AWS environment variables).
+discards the old output; a rerun that leaves ``--unit-rows`` out keeps the output's). Paths may be
+local or fsspec URLs (``s3://``; endpoint and credentials from the AWS environment variables).
+
+Decoding on a GPU (``--gpus-per-decoder 1`` or ``--device cuda``), the batching flags left out take
+the GPU's defaults (``workers/device.py``): 1024 slots fitted to free memory, the static step read
+back every 4 steps, refill at 5% empty, larger work units.
 """
 from __future__ import annotations
 

@@ -191,8 +191,8 @@ class Translator:
         slots = fit_slots(batching.max_batch_sentences, free_memory(model.device), per_slot)
         if slots == batching.max_batch_sentences:
             return batching
-        logger.info("%d slots fit half of the GPU's free memory (%.1f MB a slot): decoding with %d, not %d",
-                    slots, per_slot / 2**20, slots, batching.max_batch_sentences)
+        logger.info("decoding with %d slots, not %d: that many fit half the GPU's free memory (%.1f MB a slot)",
+                    slots, batching.max_batch_sentences, per_slot / 2**20)
         sentences = batching.capacity_unit is CapacityUnit.SENTENCES
         return replace(batching, max_batch_sentences=slots,
                        capacity=min(batching.capacity, slots) if sentences else batching.capacity)
