@@ -56,7 +56,11 @@ from workers.translator import Translator
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The module docstring as written, and every flag's default in its help line."""
+    """The module docstring as written, and every flag's default in its help line (a flag without
+    one, or whose default depends on the device, says so in its own words)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
 
 
 def build_parser() -> argparse.ArgumentParser:
