@@ -77,21 +77,28 @@ def test_the_decoder_worker_decodes_on_its_gpu(demo_model_dir, tmp_path):
     assert worker.translator.checkpoint.model.device.type == "cuda"  # auto picks the GPU where there is one
 
 
-def test_the_static_step_on_cuda_decodes_as_the_dynamic_one(cuda):
+def test_the_static_step_on_cuda_decodes_as_the_dynamic_one(cuda, monkeypatch):
+    """Graph replay equals the same static step run eagerly, token for token (the same shapes, the
+    same kernels); the static step equals the dynamic one but for rare near-ties (other row counts
+    per step: cuBLAS may sum in another order)."""
+    from workers import engine as engine_module
     from workers.engine import Engine, StaticStep
 
     src, _ = lines(96)
     sources = cuda.encode(src)
     sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=32, capacity=32, beam_size=5)
     model = cuda.checkpoint.model
-    dynamic = Engine(model, SearchConfig(beam_size=5), sched).decode(sources)
-    engine = Engine(model, SearchConfig(beam_size=5), sched, static=StaticStep())
-    static = engine.decode(sources)
-    assert engine._graph is not None and engine._graph.graph is not None  # captured, then replayed
-    assert [h[0].tokens for h in static] == [h[0].tokens for h in dynamic]  # replay = eager, token for token
-    deferred = Engine(model, SearchConfig(beam_size=5), sched, static=StaticStep(readback_every=4))
-    assert [h[0].tokens for h in deferred.decode(sources)] == [h[0].tokens for h in dynamic]
-    assert deferred.stats.syncs <= deferred.stats.steps / 4 + 2
+    dynamic = [h[0].tokens for h in Engine(model, SearchConfig(beam_size=5), sched).decode(sources)]
+    for every in (1, 4):
+        graphed = Engine(model, SearchConfig(beam_size=5), sched, static=StaticStep(readback_every=every))
+        replayed = [h[0].tokens for h in graphed.decode(sources)]
+        assert graphed._graph is not None and graphed._graph.graph is not None  # captured, then replayed
+        with monkeypatch.context() as m:  # the same static step, every step run eagerly
+            m.setattr(engine_module, "GraphedStep", type("Eager", (), {"graph": None, "run": lambda self, f: f()}))
+            eager = Engine(model, SearchConfig(beam_size=5), sched, static=StaticStep(readback_every=every))
+            assert [h[0].tokens for h in eager.decode(sources)] == replayed  # replay = eager, token for token
+        assert sum(a == b for a, b in zip(replayed, dynamic)) >= 0.97 * len(src)
+        assert graphed.stats.syncs <= graphed.stats.steps / every + 2
 
 
 def test_a_gpu_decoder_gets_the_fused_triton_output_step(cuda):
@@ -133,10 +140,14 @@ def test_the_gpu_defaults_translate_as_the_dynamic_step_and_fit_memory(cuda, mon
     sources, cfg = cuda.encode(src), SearchConfig(beam_size=5)
     topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=d.max_batch_size, capacity=d.max_batch_size,
                             beam_size=5, refill_threshold=d.refill_threshold)
+    def same(a, b) -> int:
+        return sum(x[0].tokens == y[0].tokens for x, y in zip(a.hypotheses, b.hypotheses))
+
     dynamic = cuda.decode_ids(sources, cfg, batching=replace(topup, max_batch_sentences=32, capacity=32))
     static = cuda.decode_ids(sources, cfg, batching=topup, static=StaticStep(readback_every=d.static_step))
-    assert [h[0].tokens for h in static.hypotheses] == [h[0].tokens for h in dynamic.hypotheses]
+    # (other row counts per step: cuBLAS may sum in another order, so a rare near-tie may flip)
+    assert same(static, dynamic) >= 0.99 * len(src), same(static, dynamic)
     monkeypatch.setattr(graphs, "free_memory", lambda device: 2**30)  # a small GPU: 1 GB free
     small = cuda.decode_ids(sources, cfg, batching=topup, static=StaticStep(readback_every=d.static_step))
     assert max(small.stats.batch_sizes) < 1000  # fewer slots than asked for
-    assert [h[0].tokens for h in small.hypotheses] == [h[0].tokens for h in dynamic.hypotheses]
+    assert same(small, dynamic) >= 0.99 * len(src), same(small, dynamic)
