@@ -105,26 +105,26 @@ if triton is not None:
         return new_best, total, acc * rescale + tl.sum(weights[:, None] * v, axis=0)
 
     @triton.jit
-    def _ancestry_attention(q, keys, values, ancestry, reads, out, stride_kt, stride_kr, stride_at, scale,
-                            H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr):
+    def _ancestry_attention(q, keys, values, out, stride_kt, stride_kr, ancestry, reads, stride_at, scale,
+                            H: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
         row, head = tl.program_id(0), tl.program_id(1)
         d = tl.arange(0, D)
         query = tl.load(q + (row * H + head) * D + d).to(tl.float32) * scale  # (D,)
         count = tl.load(reads + row)  # positions 0 .. count - 1: the row's own history, nothing past it
         best, total, acc = float("-inf"), 0.0, tl.zeros((D,), dtype=tl.float32)
-        for start in range(0, count, BLOCK_T):
-            p = start + tl.arange(0, BLOCK_T)  # (BLOCK_T,)
+        for start in range(0, count, BLOCK):
+            p = start + tl.arange(0, BLOCK)  # (BLOCK,)
             inside = p < count
             src = tl.load(ancestry + p.to(tl.int64) * stride_at + row, mask=inside, other=0)  # the row's ancestor at p
-            at = p.to(tl.int64)[:, None] * stride_kt + src[:, None] * stride_kr + head * D + d[None, :]  # (BLOCK_T, D)
+            at = p.to(tl.int64)[:, None] * stride_kt + src[:, None] * stride_kr + head * D + d[None, :]  # (BLOCK, D)
             k = tl.load(keys + at, mask=inside[:, None], other=0.0).to(tl.float32)
             v = tl.load(values + at, mask=inside[:, None], other=0.0).to(tl.float32)
             best, total, acc = _attend_block(query, k, v, inside, best, total, acc)
         tl.store(out + (row * H + head) * D + d, tl.where(total > 0, acc / total, 0.0).to(out.dtype.element_ty))
 
     @triton.jit
-    def _source_attention(q, keys, values, sentence, lengths, out, stride_ks, stride_kh, scale,
-                          H: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr):
+    def _source_attention(q, keys, values, out, stride_ks, stride_kh, sentence, lengths, scale,
+                          H: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
         row, head = tl.program_id(0), tl.program_id(1)
         d = tl.arange(0, D)
         query = tl.load(q + (row * H + head) * D + d).to(tl.float32) * scale  # (D,)
@@ -132,10 +132,10 @@ if triton is not None:
         count = tl.load(lengths + slot)  # the sentence's source tokens: nothing past them is read
         base = slot * stride_ks + head * stride_kh
         best, total, acc = float("-inf"), 0.0, tl.zeros((D,), dtype=tl.float32)
-        for start in range(0, count, BLOCK_S):
-            p = start + tl.arange(0, BLOCK_S)  # (BLOCK_S,)
+        for start in range(0, count, BLOCK):
+            p = start + tl.arange(0, BLOCK)  # (BLOCK,)
             inside = p < count
-            at = base + p.to(tl.int64)[:, None] * D + d[None, :]  # (BLOCK_S, D): one contiguous block
+            at = base + p.to(tl.int64)[:, None] * D + d[None, :]  # (BLOCK, D): one contiguous block
             k = tl.load(keys + at, mask=inside[:, None], other=0.0).to(tl.float32)
             v = tl.load(values + at, mask=inside[:, None], other=0.0).to(tl.float32)
             best, total, acc = _attend_block(query, k, v, inside, best, total, acc)
@@ -181,17 +181,17 @@ def row_top_log_softmax(logits: Tensor, k: int, skip: int = -1) -> tuple[Tensor,
     return out_val, out_col
 
 
-def _per_row_and_head(kernel, q: Tensor, keys: Tensor, values: Tensor, *args, block: str) -> Tensor:
+def _per_row_and_head(kernel, q: Tensor, keys: Tensor, values: Tensor, *args) -> Tensor:
     """Launch an attention kernel with one program per (row, head): q (N, H, D) -> out (N, H, D).
-    The kernel's arguments: q, keys, values, ``args``' first two, out, keys' two outer strides, the
-    rest of ``args``; keys/values one cache layer, unit strides over the last two dimensions."""
+    Its arguments: q, keys, values, out, keys' two outer strides, then ``args``; keys/values one
+    cache layer, unit strides over the last two dimensions."""
     n, h, d = q.shape
     out = torch.empty_like(q)
     if n == 0:
         return out
     assert keys.stride(3) == 1 and keys.stride(2) == d and keys.stride() == values.stride(), "one cache layer"
-    kernel[(n, h)](q.contiguous(), keys, values, *args[:2], out, keys.stride(0), keys.stride(1), *args[2:],
-                   H=h, D=d, **{block: ATTENTION_BLOCK})
+    kernel[(n, h)](q.contiguous(), keys, values, out, keys.stride(0), keys.stride(1), *args,
+                   H=h, D=d, BLOCK=ATTENTION_BLOCK)
     return out
 
 
@@ -203,8 +203,7 @@ def ancestry_attention(q: Tensor, keys: Tensor, values: Tensor, ancestry: Tensor
     many positions row n attends over (its position + 1) -> (N, H, D) in q's dtype, float32 inside.
     Bytes moved: each row's own K/V once (the floor), where ATen's gather writes (t, N, H, D) and
     reads it again, over every row's t, not its own length."""
-    return _per_row_and_head(_ancestry_attention, q, keys, values, ancestry, reads, ancestry.stride(0), scale,
-                             block="BLOCK_T")
+    return _per_row_and_head(_ancestry_attention, q, keys, values, ancestry, reads, ancestry.stride(0), scale)
 
 
 def source_attention(q: Tensor, keys: Tensor, values: Tensor, sentence: Tensor, lengths: Tensor,
@@ -215,7 +214,7 @@ def source_attention(q: Tensor, keys: Tensor, values: Tensor, sentence: Tensor, 
     inside. Bytes moved: each row's own source K/V (its beams share them, through the L2 cache),
     where ATen's path reads every planned slot's K/V over the step's longest source (a static
     step's: the cache's whole source capacity)."""
-    return _per_row_and_head(_source_attention, q, keys, values, sentence, lengths, scale, block="BLOCK_S")
+    return _per_row_and_head(_source_attention, q, keys, values, sentence, lengths, scale)
 
 
 class TritonOps(AtenOps):

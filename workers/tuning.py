@@ -110,7 +110,7 @@ class BatchTuner:
     def limit_memory(self, free_bytes: int, bytes_per_sentence: int, fraction: float = 0.5) -> None:
         """Cap the size so a batch's estimated memory stays within ``fraction`` of free memory."""
         if bytes_per_sentence > 0:
-            self.cap = max(self.cfg.min_size, min(self.cap, int(free_bytes * fraction // bytes_per_sentence)))
+            self.cap = max(self.cfg.min_size, fit_slots(self.cap, free_bytes, bytes_per_sentence, fraction))
             self.size = self._clamp(self.size)
 
 

@@ -74,7 +74,7 @@ def test_a_strided_and_a_bf16_logits_matrix():
 def test_attention_through_the_ancestry_equals_atens_gathered_attention(t, n, dtype):
     """Each row over its own history, read in place through the ancestry (``ancestry_attention``),
     against ATen's path: gather the (t, N, H, D) copy, mask past each row's position, attend. Row 0
-    reads the whole history, the last (an idle static row) only position 0, across BLOCK_T chunks."""
+    reads the whole history, the last (an idle static row) only position 0, across BLOCK chunks."""
     from workers.step_ops import attend
     torch.manual_seed(t * 31 + n)
     big, rows, h, d = 80, 9, 4, 16
@@ -103,7 +103,7 @@ def test_attention_through_the_ancestry_equals_atens_gathered_attention(t, n, dt
 def test_attention_over_each_source_equals_atens_cross_attention(dtype, static):
     """Each row over its own sentence's source (``source_attention``: its length, no more), against
     ATen's path over the planned slots' longest source with the padding masked (``static``: every
-    slot planned, over the cache's whole source capacity). Lengths 1 to 37, across BLOCK_S chunks;
+    slot planned, over the cache's whole source capacity). Lengths 1 to 37, across BLOCK chunks;
     the slots' K/V past their lengths are NaN, which the kernel never reads."""
     from workers.cache import KVCache
     torch.manual_seed(int(static))
@@ -219,19 +219,19 @@ def test_the_kernels_compile_for_an_h100_without_spills(monkeypatch):
     ptr = {"fp32": "*fp32", "bf16": "*bf16"}
     attention = {name: "*fp32" for name in ("q", "keys", "values", "out")} | {
         "ancestry": "*i64", "reads": "*i64", "stride_kt": "i64", "stride_kr": "i64", "stride_at": "i64",
-        "scale": "fp32", "H": "constexpr", "D": "constexpr", "BLOCK_T": "constexpr"}
+        "scale": "fp32", "H": "constexpr", "D": "constexpr", "BLOCK": "constexpr"}
     chunk = {"logits": "*fp32", "stride": "i64", "v": "i32", "skip": "i32", "chunk_max": "*fp32", "chunk_sum": "*fp32",
              "top_val": "*fp32", "top_col": "*i64", "chunks": "i32", "K": "constexpr", "BLOCK": "constexpr"}
     merge = {"chunk_max": "*fp32", "chunk_sum": "*fp32", "top_val": "*fp32", "top_col": "*i64", "out_val": "*fp32",
              "out_col": "*i64", "chunks": "i32", "fill": "i32", "K": "constexpr", "CHUNKS": "constexpr",
              "CANDIDATES": "constexpr"}
     builds = [(triton_ops._ancestry_attention, attention | {n: ptr[dt] for n in ("q", "keys", "values", "out")},
-               {"H": 8, "D": 64, "BLOCK_T": triton_ops.ATTENTION_BLOCK}) for dt in ptr]
+               {"H": 8, "D": 64, "BLOCK": triton_ops.ATTENTION_BLOCK}) for dt in ptr]
     source = {name: "*fp32" for name in ("q", "keys", "values", "out")} | {
         "sentence": "*i64", "lengths": "*i64", "stride_ks": "i64", "stride_kh": "i64", "scale": "fp32",
-        "H": "constexpr", "D": "constexpr", "BLOCK_S": "constexpr"}
+        "H": "constexpr", "D": "constexpr", "BLOCK": "constexpr"}
     builds += [(triton_ops._source_attention, source | {n: ptr[dt] for n in ("q", "keys", "values", "out")},
-                {"H": 8, "D": 64, "BLOCK_S": triton_ops.ATTENTION_BLOCK}) for dt in ptr]
+                {"H": 8, "D": 64, "BLOCK": triton_ops.ATTENTION_BLOCK}) for dt in ptr]
     builds += [(triton_ops._chunk_top, chunk | {"logits": ptr[dt]}, {"K": 10, "BLOCK": 2048}) for dt in ptr]
     builds += [(triton_ops._merge_top, merge, {"K": 10, "CHUNKS": 32, "CANDIDATES": 512})]
     for fn, signature, constants in builds:
