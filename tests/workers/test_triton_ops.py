@@ -285,3 +285,33 @@ def test_the_triton_attention_never_reads_an_unwritten_position(demo_model_dir, 
         decoder.ops = ATEN
     assert made == [False]  # one cache, not zeroed, NaN where never written
     assert [[h.tokens for h in x] for x in got] == [[h.tokens for h in x] for x in want]
+
+
+@kernels
+def test_the_static_step_with_the_triton_kernels_is_safe_to_replay(demo_model_dir, monkeypatch):
+    """``test_graph_replay.py`` with the GPU's backend: after the captured step, every step launches
+    the same kernels on the same memory with the same scalars (the kernels as black boxes: what a
+    CUDA graph records of them), through refills and readbacks every other step."""
+    from tests.workers.replay_trace import CAPTURED, replay_mismatches, trace_static_decode
+    from workers.config import SearchConfig
+    from workers.engine import StaticStep
+    from workers.scheduler import Policy, SchedulerConfig
+    from workers.speedups import CpuSpeedups
+    from workers.translator import Translator
+
+    class OnDevice(triton_ops.TritonOps):
+        def may_any(self, mask: torch.Tensor) -> bool:  # (as on a GPU: the device is never read mid-step)
+            return True
+
+    translator = Translator.load(str(demo_model_dir), device=DEVICE, speedups=CpuSpeedups())
+    translator.checkpoint.model.model.decoder.ops = OnDevice()
+    sources = translator.encode(["Ein Hund rennt über die Wiese.", "Eine Frau liest.", "Zwei Männer.", "Ein Kind.",
+                                 "Zwei Hunde spielen im Schnee."])
+    cfg = SearchConfig(beam_size=2, num_hypotheses=1, max_length_a=0.0, max_length_b=8)
+    batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2, beam_size=2)
+    trace = trace_static_decode(monkeypatch, lambda: translator.decode_ids(
+        sources, cfg, batching=batching, static=StaticStep(readback_every=2)).hypotheses, triton_ops)
+    kernels_run = [op for op, _ in trace.steps[CAPTURED] if not op.startswith("aten.")]
+    assert sorted(set(kernels_run)) == ["ancestry_attention", "row_top_log_softmax", "source_attention"]
+    assert [n for n in trace.admitted_after if n > CAPTURED + 1]
+    assert replay_mismatches(trace) == []
