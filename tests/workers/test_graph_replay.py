@@ -29,12 +29,21 @@ class OnDevice(AtenOps):
         return True
 
 
-@pytest.fixture(scope="module")
-def translator(demo_model_dir) -> Translator:
-    translator = Translator.load(str(demo_model_dir), speedups=CpuSpeedups())  # (no CPU-only rewrites, as on a GPU)
+def on_device(demo_model_dir, speedups: CpuSpeedups):
+    translator = Translator.load(str(demo_model_dir), speedups=speedups)  # (no CPU-only rewrites, as on a GPU)
     translator.checkpoint.model.model.decoder.ops = OnDevice()
     yield translator
     translator.checkpoint.model.model.decoder.ops = ATEN
+
+
+@pytest.fixture(scope="module")
+def translator(demo_model_dir) -> Translator:
+    yield from on_device(demo_model_dir, CpuSpeedups())
+
+
+@pytest.fixture(scope="module")
+def bf16(demo_model_dir) -> Translator:
+    yield from on_device(demo_model_dir, CpuSpeedups(bf16=True))
 
 
 def static_decode(translator: Translator, beam: int, readback: int, policy: Policy = Policy.TOPUP,
@@ -54,6 +63,13 @@ def test_every_step_after_the_capture_repeats_it(translator, monkeypatch, beam, 
     trace = trace_static_decode(monkeypatch, static_decode(translator, beam, readback, policy, pruning))
     assert len(trace.steps) > 12 and len(trace.steps[CAPTURED]) > 100
     assert [n for n in trace.admitted_after if n > CAPTURED + 1], "no refill between replays: nothing tested"
+    assert replay_mismatches(trace) == []
+
+
+def test_the_bf16_step_repeats_it_too(bf16, monkeypatch):
+    trace = trace_static_decode(monkeypatch, static_decode(bf16, 3, 2))
+    dtypes = {a[5] for _, args in trace.steps[CAPTURED] for a in args if isinstance(a, tuple)}  # (tensor arguments)
+    assert torch.bfloat16 in dtypes
     assert replay_mismatches(trace) == []
 
 
