@@ -24,7 +24,7 @@ import torch
 from pipeline.evaluate import EvalStats, sufficient_stats
 from pipeline.metrics import Metrics
 from pipeline.records import EncodedUnit, UnitStats
-from pipeline.sink import OutputStore, output_table
+from pipeline.sink import OUTPUT_SCHEMA, OutputStore, output_table
 from pipeline.storage import model_reader
 from pipeline.timeline import Counters, Sampler, Slice
 from pipeline.units import Columns, WorkUnit, read_unit
@@ -34,6 +34,7 @@ from workers.device import DeviceUnavailable, resolve_device
 from workers.engine import DecodeStats, StaticStep
 from workers.inputs import CleanText, clean_text, split_to_fit
 from workers.scheduler import SchedulerConfig
+from workers.search import Hypothesis
 from workers.speedups import EXACT, CpuSpeedups
 from workers.translator import Translator
 
@@ -215,20 +216,7 @@ class DecoderWorker:
         return stats
 
     def _output_table(self, enc: EncodedUnit, hyps: list) -> tuple[pa.Table, list[str]]:
-        tok = self.translator.checkpoint.tokenizer
-        n = len(enc.rows)
-        texts, scores = [[] for _ in range(n)], [0.0] * n
-        nbest: list[list[dict]] = [[] for _ in range(n)]
-        for i, h in zip(enc.piece_row, hyps):
-            piece_nbest = [{"text": tok.decode(x.tokens), "score": x.score} for x in h]  # decoded once
-            texts[i].append(piece_nbest[0]["text"])
-            scores[i] += h[0].score
-            nbest[i].append(piece_nbest)
-        joined = [" ".join(t) for t in texts]
-        nbest_rows = [b[0] if len(b) == 1 else [{"text": joined[i], "score": scores[i]}] if b else [] for i, b in enumerate(nbest)]
-        table = output_table(enc.ids, enc.rows, enc.sources, joined, scores, nbest_rows, enc.statuses, enc.reasons,
-                             self.settings.signature)
-        return table, joined
+        return decoded_table(enc, hyps, self.translator.checkpoint.tokenizer, self.settings.signature)
 
     def _token_logprobs(self, enc: EncodedUnit, hyps: list) -> pa.Array:
         """Per row: the teacher's log-prob of each token of its best translation (pieces joined)."""
@@ -258,6 +246,43 @@ class DecoderWorker:
             bleu_stats=list(evaluation.bleu) if evaluation else None,
             chrf_stats=list(evaluation.chrf) if evaluation else None,
             slices=json.dumps([x.to_dict() for x in self.sampler.take(since=started)]))
+
+
+def decoded_table(enc: EncodedUnit, hyps: list[list[Hypothesis]], tokenizer, signature: str) -> tuple[pa.Table, list[str]]:
+    """A decoded unit's output part and its rows' translations. Per row: its piece's best
+    hypothesis and n-best; a row cut into pieces, their best joined (score: the sum), n-best that
+    one; a row with no piece (not translatable), "" and no n-best. Every hypothesis is detokenised in
+    one call and the n-best column built from flat arrays: on a GPU the device waits for this
+    (25,000 WMT22-length rows, 2 cores: 0.31 s with a dict per hypothesis, now 0.1)."""
+    flat = [x for h in hyps for x in h]  # every piece's n-best, in piece order
+    texts = tokenizer.decode_all([x.tokens for x in flat])
+    parts: list[list[tuple[int, int]]] = [[] for _ in enc.rows]  # per row: its pieces' (first, count) in flat
+    first = 0
+    for i, h in zip(enc.piece_row, hyps):
+        parts[i].append((first, len(h)))
+        first += len(h)
+    joined, scores, nbest_text, nbest_score, offsets = [], [], [], [], [0]
+    for row in parts:
+        if len(row) == 1:
+            (a, c), = row
+            joined.append(texts[a])
+            scores.append(flat[a].score)
+            nbest_text += texts[a: a + c]
+            nbest_score += [x.score for x in flat[a: a + c]]
+        elif row:
+            joined.append(" ".join(texts[a] for a, _ in row))
+            scores.append(sum(flat[a].score for a, _ in row))
+            nbest_text.append(joined[-1])
+            nbest_score.append(scores[-1])
+        else:
+            joined.append("")
+            scores.append(0.0)
+        offsets.append(len(nbest_text))
+    entry = OUTPUT_SCHEMA.field("nbest").type.value_type
+    nbest = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.StructArray.from_arrays(
+        [pa.array(nbest_text, pa.string()), pa.array(nbest_score, pa.float32())], fields=list(entry)))
+    table = output_table(enc.ids, enc.rows, enc.sources, joined, scores, nbest, enc.statuses, enc.reasons, signature)
+    return table, joined
 
 
 class DecoderActor:

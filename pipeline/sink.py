@@ -168,13 +168,15 @@ class OutputStore:
 
 
 def output_table(ids: list[str | None], rows: list[int], sources: list, translations: list[str], scores: list[float],
-                 nbest: list[list[dict]], statuses: list[str], reasons: list[str], signature: str) -> pa.Table:
+                 nbest: list[list[dict]] | pa.Array, statuses: list[str], reasons: list[str], signature: str) -> pa.Table:
     """The rows of one part in ``OUTPUT_SCHEMA`` (every part is built here: decoded or unreadable)."""
     n = len(rows)
+    if not isinstance(nbest, pa.Array):
+        nbest = pa.array(nbest, OUTPUT_SCHEMA.field("nbest").type)
     return pa.table({"id": pa.array(ids, pa.string()),
                      "row": pa.array(rows, pa.int64()), "source": pa.array(sources, pa.string()),
                      "translation": pa.array(translations, pa.string()), "score": pa.array(scores, pa.float32()),
-                     "nbest": pa.array(nbest, OUTPUT_SCHEMA.field("nbest").type),
+                     "nbest": nbest,
                      "status": pa.array(statuses, pa.string()), "reason": pa.array(reasons, pa.string()),
                      "signature": pa.array([signature] * n, pa.string())}, schema=OUTPUT_SCHEMA)
 

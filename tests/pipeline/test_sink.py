@@ -31,3 +31,27 @@ def test_part_without_marker_is_not_committed(tmp_path) -> None:
     assert store.read().column("id").to_pylist() == ["s0"]
     assert store.read_stats().column("sentences").to_pylist() == [1]
     assert not list((tmp_path / "out" / "_manifest").glob("*.tmp"))
+
+
+def test_a_decoded_unit_s_part(demo_model_dir) -> None:
+    """``decoded_table``: a row of one piece gets its hypotheses as n-best; a row cut into pieces, their
+    best joined, scores summed, that one as n-best; a row with no piece, "" and no n-best."""
+    from pipeline.actors import decoded_table
+    from pipeline.records import EncodedUnit
+    from workers.search import Hypothesis
+    from workers.translator import Translator
+
+    tok = Translator.load(str(demo_model_dir)).checkpoint.tokenizer
+    ids = {w: tuple(tok.encode_target(w)) for w in ("A dog.", "Two men.", "A cat.", "Hello", "there")}
+    hyps = [[Hypothesis(ids["A dog."], -1.0, -2.0), Hypothesis(ids["A cat."], -1.5, -3.0)],  # row 0
+            [Hypothesis(ids["Hello"], -0.25, -1.0), Hypothesis(ids["Two men."], -2.0, -4.0)],  # row 2, piece 1
+            [Hypothesis(ids["there"], -0.5, -1.0), Hypothesis(ids["A cat."], -3.0, -5.0)]]  # row 2, piece 2
+    enc = EncodedUnit(None, ["a", "b", "c"], [10, 11, 12], ["s0", None, "s2"], None, ["ok", "null", "split"],
+                      ["", "null", "cut"], [[1], [2], [3]], [0, 2, 2], 0.0)
+    table, texts = decoded_table(enc, hyps, tok, "sig")
+    assert table.schema.equals(OUTPUT_SCHEMA)
+    assert texts == ["A dog.", "", "Hello there"] == table.column("translation").to_pylist()
+    assert table.column("score").to_pylist() == [-1.0, 0.0, -0.75]
+    assert table.column("nbest").to_pylist() == [[{"text": "A dog.", "score": -1.0}, {"text": "A cat.", "score": -1.5}],
+                                                 [], [{"text": "Hello there", "score": -0.75}]]
+    assert table.column("row").to_pylist() == [10, 11, 12] and table.column("status").to_pylist() == ["ok", "null", "split"]

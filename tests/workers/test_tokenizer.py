@@ -124,6 +124,18 @@ def test_decode_random_ids_matches_hf(tokenizers):
         assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True), ids
 
 
+def test_decoding_many_at_once_matches_hf(tokenizers, wmt_lines):
+    """``decode_all`` (one batched sentencepiece call) against HF's decode one sequence at a time,
+    empty sequences and sequences of special tokens only included."""
+    ours, hf = tokenizers
+    rng = random.Random(1)
+    many = [ours.encode_target(t) for t in TARGET_TEXTS] + [ours.encode(line) for line in wmt_lines[:20]]
+    many += [[rng.randrange(ours.target_vocab_size) for _ in range(rng.randrange(0, 25))] for _ in range(50)]
+    many += [[], [ours.target_special.eos], [ours.target_special.pad, ours.target_special.eos]]
+    assert ours.decode_all(many) == [hf.decode(ids, skip_special_tokens=True) for ids in many]
+    assert ours.decode_all([]) == []
+
+
 @pytest.mark.xfail(strict=True, reason="HF splits literal '</s>'/'<pad>'/'<unk>' text into control tokens; "
                                        "we encode such text as ordinary sentencepiece pieces (as Marian does)")
 def test_literal_special_token_text_matches_hf():
