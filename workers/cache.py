@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from workers.graphs import to_device
+
 INITIAL_CAPACITY = 32  # target positions allocated up front; the cache doubles past it
 
 
@@ -70,7 +72,7 @@ class EncodedBatch:
         keys = self.layers[0][0]
         if rows == list(range(keys.shape[0])) and length == keys.shape[2]:  # the whole batch (batch decoding)
             return self.layers
-        pick = torch.tensor(rows, device=keys.device)
+        pick = to_device(torch.tensor(rows, device="cpu"), keys.device)
         return [(k[pick, :, :length], v[pick, :, :length]) for k, v in self.layers]
 
 

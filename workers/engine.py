@@ -40,7 +40,7 @@ from workers.beams import Readback, SlotState, stop_mask
 from workers.cache import EncodedBatch, KVCache
 from workers.config import SearchConfig
 from workers.scheduler import Policy, Request, Scheduler, SchedulerConfig, SchedulerStats, StepOutput, StepPlan
-from workers.graphs import GraphedStep, Staging
+from workers.graphs import GraphedStep, Staging, to_device
 from workers.static_step import StaticIndices, StaticStep
 from workers.step_index import StepIndex
 from workers.search import Candidates, Hypothesis, RowTop, greedy_select, row_top_log_probs, score_step
@@ -75,17 +75,17 @@ class DecodeStats:
 
 def pad_sources(sources: list[list[int]], pad_id: int, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
     """Source id lists -> src_ids (B, S) padded with ``pad_id``, src_mask (B, S) bool (True = token),
-    built on the host and moved to ``device`` in one copy each."""
+    built on the host and moved to ``device`` in one copy each (pinned and asynchronous on a GPU)."""
     s = max(len(x) for x in sources)
     src_ids = torch.full((len(sources), s), pad_id, dtype=torch.long, device="cpu")
     for row, x in enumerate(sources):
         src_ids[row, : len(x)] = torch.tensor(x, device="cpu")
-    return src_ids.to(device), prefix_mask([len(x) for x in sources], s, device)
+    return to_device(src_ids, device), prefix_mask([len(x) for x in sources], s, device)
 
 
 def prefix_mask(lengths: list[int], width: int, device: torch.device | str = "cpu") -> Tensor:
     """(B, width) bool: True on each row's first lengths[b] positions, built on the host, one copy."""
-    return (torch.arange(width, device="cpu")[None, :] < torch.tensor(lengths, device="cpu")[:, None]).to(device)
+    return to_device(torch.arange(width, device="cpu")[None, :] < torch.tensor(lengths, device="cpu")[:, None], device)
 
 
 def max_lengths(source_lengths: list[int], cfg: SearchConfig, positions: int) -> list[int]:
@@ -173,13 +173,14 @@ class Engine:
         self._encode_ahead([i for i in ids if i not in self._encoded], sources, scheduler)
         entries = [self._encoded.pop(i) for i in ids]
         dev = self.model.device
-        index = torch.tensor(blocks, device=dev)  # (A,)
+        host = torch.tensor(blocks, device="cpu")  # (A,)
+        index = to_device(host, dev)
         groups: dict[int, tuple[EncodedBatch, list[int]]] = {}  # each encode batch the admitted came from
         for j, (batch, _) in enumerate(entries):
             groups.setdefault(id(batch), (batch, []))[1].append(j)
         for batch, members in groups.values():
             lengths = [len(sources[ids[j]]) for j in members]
-            slots = index if len(members) == len(ids) else torch.tensor([blocks[j] for j in members], device=dev)
+            slots = index if len(members) == len(ids) else to_device(host[members], dev)
             self.cache.admit(slots, batch.select([entries[j][1] for j in members], max(lengths)),
                              prefix_mask(lengths, max(lengths), dev))
         self.state.admit(index, self.model.config.decoder_start_token_id)

@@ -1,12 +1,23 @@
 """What only a CUDA device needs, in one place (nano-vllm keeps every ``.cuda()`` in one runner file):
-the static step captured as a CUDA graph, the pinned buffers the step's indices are staged in, and
-the device's free memory (the slots are fitted to it).
+the static step captured as a CUDA graph, the pinned buffers the step's indices are staged in, the
+pinned asynchronous copy of the encoder's inputs and the admitted slots, and the device's free
+memory (the slots are fitted to it).
 The engine asks for them once per decode, on a CUDA device only; elsewhere it never comes here.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+
+def to_device(x: Tensor, device: torch.device | str) -> Tensor:
+    """A host tensor on ``device``: on a GPU through pinned memory and asynchronously (torch's pinned
+    allocator keeps the block until the copy has run), so the host goes on while it copies;
+    elsewhere ``x.to(device)``. (The step's own indices go through ``Staging``'s fixed buffers.)"""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
 
 
 def free_memory(device: torch.device) -> int:
