@@ -48,11 +48,12 @@ class Occupancy:
 
 
 def simulate(sentences: list[Sentence], *, unit_rows: int, capacity: int, policy: Policy = Policy.TOPUP,
-             refill_threshold: float = 0.5, readback_every: int = 1) -> Occupancy:
+             refill_threshold: float = 0.5, readback_every: int = 1, late: bool = False) -> Occupancy:
     """The scheduler over ``sentences`` in units of ``unit_rows`` (0: one unit), each unit sorted by
     source length and run to its end, as ``Translator.decode_ids`` does per unit. A sentence is done
     on the device after its ``steps``; the host hears of it at the next readback (every
-    ``readback_every`` steps, and whenever every slot is done), when its slot frees."""
+    ``readback_every`` steps, and whenever every slot is done), when its slot frees; ``late``, one
+    step after that (``StaticStep.late``: the readback is read once the next step is queued)."""
     unit_rows = unit_rows or len(sentences)
     steps = live = 0
     for start in range(0, len(sentences), unit_rows):
@@ -63,7 +64,7 @@ def simulate(sentences: list[Sentence], *, unit_rows: int, capacity: int, policy
         for i, s in enumerate(unit):
             scheduler.add(Request(i, s.source_tokens))
         left: dict[int, int] = {}  # running sentence -> steps it still needs (0: done, awaiting a readback)
-        unread = 0
+        unread, in_flight = 0, None  # late: the readback copied at the last due step
         while scheduler.has_work:
             plan = scheduler.schedule()
             for i in plan.admit:
@@ -74,12 +75,17 @@ def simulate(sentences: list[Sentence], *, unit_rows: int, capacity: int, policy
                     left[i] -= 1
             steps, unread = steps + 1, unread + 1
             done = [i for i in scheduler.running if left[i] == 0]
-            if unread < readback_every and len(done) < len(scheduler.running):
-                scheduler.update(plan, StepOutput())
-                continue
-            unread = 0
-            scheduler.update(plan, StepOutput(tuple(done)))
-            for i in done:
+            due = unread >= readback_every or len(done) == len(scheduler.running)
+            read: tuple[int, ...] = ()
+            if late:
+                read, in_flight = in_flight or (), None
+                if due:
+                    in_flight = tuple(i for i in done if i not in read)
+            elif due:
+                read = tuple(done)
+            unread = 0 if due else unread
+            scheduler.update(plan, StepOutput(read))
+            for i in read:
                 del left[i]
     return Occupancy(steps, live, capacity)
 
@@ -141,9 +147,11 @@ def main(argv: list[str] | None = None) -> None:
         c, u = capacities[-1], max(units)
         for t in thresholds:
             for n in readbacks:
-                r = simulate(sentences, unit_rows=u, capacity=c, refill_threshold=t, readback_every=n)
-                rows.append({"slots": c, "unit_rows": u or "one stream", "refill_threshold": t, "readback_every": n,
-                             "steps": r.steps, "occupancy": round(r.occupancy, 3)})
+                for late in (False, True):
+                    r = simulate(sentences, unit_rows=u, capacity=c, refill_threshold=t, readback_every=n, late=late)
+                    rows.append({"slots": c, "unit_rows": u or "one stream", "refill_threshold": t,
+                                 "readback_every": n, "read": "a step late" if late else "at once",
+                                 "steps": r.steps, "occupancy": round(r.occupancy, 3)})
         report["tables"][f"{name}/refill"] = rows
         md += [f"## {name}: refill threshold and readback interval\n", markdown_table(rows), ""]
         write_report(args.out, report, md, echo=False)

@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the one-shape decoder step, captured once as a CUDA graph on a GPU and replayed, its "
                         "results read back every N steps (0: the dynamic step). Same outputs; on the CPU it only "
                         "costs. Default 0 on the CPU, 4 on a GPU")
+    g.add_argument("--late-readback", action="store_true",
+                   help="the static step's results read one step late, once the next step is queued, so the GPU "
+                        "runs it while the host frees and refills slots (same outputs; slots refill a step later)")
     g = p.add_argument_group("shortlist vocabulary (Shi & Knight 2017); see jobs.build_shortlist")
     g.add_argument("--shortlist", help="lex.s2t (with its .freq) or CTranslate2 .vmap file")
     g.add_argument("--shortlist-m", type=int, default=10,
@@ -254,7 +257,7 @@ def pipeline_config(args: argparse.Namespace, cfg: SearchConfig) -> PipelineConf
         max_batch_size=d.max_batch_size, shortlist=args.shortlist and local_path(args.shortlist),
         shortlist_m=args.shortlist_m, shortlist_n=args.shortlist_n, evaluate=args.evaluate, tune_batch=args.tune_batch,
         speedups=speedups_of(args), device=device_of(args),
-        static=StaticStep(readback_every=d.static_step) if d.static_step else None)
+        static=StaticStep(readback_every=d.static_step, late=args.late_readback) if d.static_step else None)
     gpus = args.gpus_per_decoder or (1 if settings.device.startswith("cuda") and not args.in_process else 0)
     decoders = args.decoders
     if args.min_decoders is not None or args.max_decoders is not None:

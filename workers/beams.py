@@ -162,7 +162,11 @@ class Readback:
     @classmethod
     def read(cls, packed: Tensor) -> "Readback":
         """``gather``'s tensor copied to the host: the step's one copy."""
-        host = packed.cpu()
+        return cls.of(packed.cpu())
+
+    @classmethod
+    def of(cls, host: Tensor) -> "Readback":
+        """``gather``'s tensor, already on the host."""
         head = host[:, :2].tolist()
         return cls([bool(d) for d, _ in head], [w for _, w in head], host)
 

@@ -40,7 +40,7 @@ from workers.beams import Readback, SlotState, stop_mask
 from workers.cache import EncodedBatch, KVCache
 from workers.config import SearchConfig
 from workers.scheduler import Policy, Request, Scheduler, SchedulerConfig, SchedulerStats, StepOutput, StepPlan
-from workers.graphs import GraphedStep, Staging, to_device
+from workers.graphs import GraphedStep, HostCopy, Staging, to_device
 from workers.static_step import StaticIndices, StaticStep
 from workers.step_index import StepIndex
 from workers.search import Candidates, Hypothesis, RowTop, greedy_select, row_top_log_probs, score_step
@@ -143,6 +143,7 @@ class Engine:
         self._static = StaticIndices(slots, k, self.cache.max_length - 1, self.cache.cross_k.shape[3], self.forced_eos,
                                      dev, self._to_device) if self.static else None  # (one buffer per decode)
         self._unread = 0  # static steps run since the last readback
+        self._in_flight: tuple[HostCopy, list[tuple[int, int]]] | None = None  # late: a readback and its sentences
         self._graph = GraphedStep() if self.static and dev.type == "cuda" else None
         scheduler = Scheduler(self.schedule, self.stats.scheduler)
         for i, src in enumerate(sources):
@@ -249,17 +250,39 @@ class Engine:
             packed = self._graph.run(lambda: self._device_step(ix))
         else:
             packed = self._device_step(ix)
-        nbest, t = self.search.num_hypotheses, ix.t
-        if self.static:  # every slot is in the readback; it comes every ``readback_every`` steps
-            self._unread += 1
-            if self._unread < self.static.readback_every and ix.live_rows:
+        if self.static:
+            return self._static_readback(packed, ix)
+        return self._outcome(Readback.read(packed), list(zip(plan.expand, ix.order)), ix.t)  # the step's one copy
+
+    def _static_readback(self, packed: Tensor, ix: StepIndex) -> tuple[StepOutput, dict[int, list[Hypothesis]]]:
+        """The static step's outcome: every slot is in the readback, which comes every
+        ``readback_every`` steps (at once when no sentence can run). ``late``: the readback is copied
+        behind this step and read at the next, after that step is queued (the one in flight, read
+        first: its sentences were those then in their slots)."""
+        self._unread += 1
+        due = self._unread >= self.static.readback_every or not ix.live_rows
+        if not self.static.late:
+            if not due:
                 return StepOutput(), {}
             self._unread = 0
-            sentences = [(i, slot.index) for i, slot in self._slot.items()]
-        else:
-            sentences = list(zip(plan.expand, ix.order))
-        back = Readback.read(packed)  # the step's one device-to-host copy
+            return self._outcome(Readback.read(packed), [(i, slot.index) for i, slot in self._slot.items()], ix.t)
+        outcome = StepOutput(), {}
+        if self._in_flight is not None:
+            copy, sentences = self._in_flight
+            self._in_flight = None
+            outcome = self._outcome(Readback.of(copy.wait()), sentences, ix.t)
+        if due:
+            self._unread = 0
+            finished = set(outcome[0].finished)
+            self._in_flight = HostCopy(packed), [(i, s.index) for i, s in self._slot.items() if i not in finished]
+        return outcome
+
+    def _outcome(self, back: Readback, sentences: list[tuple[int, int]], t: int
+                 ) -> tuple[StepOutput, dict[int, list[Hypothesis]]]:
+        """A readback of ``sentences`` (id, its row in the readback) -> (finished ids and the others'
+        widths, the finished sentences' hypotheses)."""
         self.stats.syncs += 1
+        nbest = self.search.num_hypotheses
         finished = tuple(i for i, j in sentences if back.done[j])
         hyps = {i: back.hypotheses(j, nbest, t - 1) for i, j in sentences if back.done[j]}
         widths = {i: back.widths[j] for i, j in sentences if not back.done[j]}

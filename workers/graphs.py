@@ -2,7 +2,8 @@
 the static step captured as a CUDA graph, the pinned buffers the step's indices are staged in, the
 pinned asynchronous copy of the encoder's inputs and the admitted slots, and the device's free
 memory (the slots are fitted to it).
-The engine asks for them once per decode, on a CUDA device only; elsewhere it never comes here.
+The engine asks for the graph and the staging buffers once per decode, on a CUDA device only; the
+two copies (``to_device``, ``HostCopy``) are plain copies elsewhere.
 """
 from __future__ import annotations
 
@@ -18,6 +19,28 @@ def to_device(x: Tensor, device: torch.device | str) -> Tensor:
     if device.type != "cuda":
         return x.to(device)
     return x.pin_memory().to(device, non_blocking=True)
+
+
+class HostCopy:
+    """A device tensor's copy to the host, started now and waited for later: on a GPU into pinned
+    memory, asynchronously, behind the work already queued (so a later step may be queued before
+    the copy is read, and may overwrite ``x`` after the copy has run); elsewhere a copy now."""
+
+    def __init__(self, x: Tensor) -> None:
+        self.event = None
+        if x.device.type != "cuda":
+            self.host = x.to("cpu", copy=True)
+            return
+        self.host = torch.empty(x.shape, dtype=x.dtype, device="cpu", pin_memory=True)
+        self.host.copy_(x, non_blocking=True)
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def wait(self) -> Tensor:
+        """The copy, once it has run (the device may be running later work meanwhile)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host
 
 
 def free_memory(device: torch.device) -> int:

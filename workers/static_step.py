@@ -37,9 +37,15 @@ class StaticStep:
     """The one-shape step. ``readback_every``: the step's outcome is copied to the host every that
     many steps, not every step; in between, a sentence that finished on the device is frozen there
     (its slot runs, changes nothing) until the next readback frees its slot, and the host never
-    waits on the device."""
+    waits on the device.
+
+    ``late``: the readback is copied behind the step that produced it and read after the next step
+    has been queued, so the device runs that step while the host handles the finished sentences
+    (their slots refilled one step later). Otherwise the device waits for the host at every
+    readback: it has nothing queued while the host reads, frees slots, admits and builds."""
 
     readback_every: int = 1
+    late: bool = False  # each readback copied asynchronously and read one step later, once that step is queued
 
     def __post_init__(self) -> None:
         if self.readback_every < 1:

@@ -22,6 +22,16 @@ def test_units_drain_and_a_deferred_readback_holds_slots():
     assert deferred.steps > one_stream.steps and deferred.sentence_steps == 15
 
 
+def test_a_late_readback_frees_each_slot_one_step_later():
+    """Two slots, sentences of 3 and 1 steps, readback every step: read at once, the short one's slot
+    takes the third sentence at step 2; read a step late, at step 3."""
+    sentences = [Sentence(1, 3), Sentence(2, 1), Sentence(3, 3)]
+    now = simulate(sentences, unit_rows=0, capacity=2)
+    late = simulate(sentences, unit_rows=0, capacity=2, late=True)
+    assert now.sentence_steps == late.sentence_steps == 7
+    assert (now.steps, late.steps) == (4, 6)  # (late: each end is heard a step after it, the last one's too)
+
+
 def test_the_report_runs(demo_model_dir, tmp_path):
     shared_path("multi30k", "test_2016_flickr.de")
     out = tmp_path / "occupancy"

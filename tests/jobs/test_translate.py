@@ -49,12 +49,14 @@ def test_missing_text_column_names_columns(demo_model_dir, tmp_path):
 
 def test_streaming_batching_gives_the_batch_output(demo_model_dir, tmp_path):
     outputs = {}
-    for mode, static in (("batch", "0"), ("var-stream", "0"), ("topup", "0"), ("topup", "3")):
-        out = tmp_path / f"{mode}-{static}.txt"
+    for mode, flags in (("batch", ["--static-step", "0"]), ("var-stream", ["--static-step", "0"]),
+                        ("topup", ["--static-step", "0"]), ("topup", ["--static-step", "3"]),
+                        ("topup", ["--static-step", "2", "--late-readback"])):
+        out = tmp_path / f"{mode}-{len(outputs)}.txt"
         main(["--in-process", "--model", str(demo_model_dir), "--input", str(SAMPLE), "--output", str(out), "--beam-size", "3",
-              "--batching", mode, "--max-batch-size", "4", "--static-step", static])
-        outputs[mode, static] = out.read_text(encoding="utf-8")
-    assert len(set(outputs.values())) == 1, outputs  # (--static-step 3: the one-shape step, read back every 3 steps)
+              "--batching", mode, "--max-batch-size", "4", *flags])
+        outputs[mode, *flags] = out.read_text(encoding="utf-8")
+    assert len(set(outputs.values())) == 1, outputs  # (the one-shape step, read back every 3 steps, or every 2 and late)
 
 
 def test_fast_preset_is_the_measured_pruning_unless_heuristics_are_given():

@@ -89,13 +89,14 @@ def test_the_static_step_on_cuda_decodes_as_the_dynamic_one(cuda, monkeypatch):
     sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=32, capacity=32, beam_size=5)
     model = cuda.checkpoint.model
     dynamic = [h[0].tokens for h in Engine(model, SearchConfig(beam_size=5), sched).decode(sources)]
-    for every in (1, 4):
-        graphed = Engine(model, SearchConfig(beam_size=5), sched, static=StaticStep(readback_every=every))
+    for every, late in ((1, False), (4, False), (4, True)):  # (late: read back through pinned memory, a step on)
+        static = StaticStep(readback_every=every, late=late)
+        graphed = Engine(model, SearchConfig(beam_size=5), sched, static=static)
         replayed = [h[0].tokens for h in graphed.decode(sources)]
         assert graphed._graph is not None and graphed._graph.graph is not None  # captured, then replayed
         with monkeypatch.context() as m:  # the same static step, every step run eagerly
             m.setattr(engine_module, "GraphedStep", type("Eager", (), {"graph": None, "run": lambda self, f: f()}))
-            eager = Engine(model, SearchConfig(beam_size=5), sched, static=StaticStep(readback_every=every))
+            eager = Engine(model, SearchConfig(beam_size=5), sched, static=static)
             assert [h[0].tokens for h in eager.decode(sources)] == replayed  # replay = eager, token for token
         assert sum(a == b for a, b in zip(replayed, dynamic)) >= 0.97 * len(src)
         assert graphed.stats.syncs <= graphed.stats.steps / every + 2

@@ -47,20 +47,21 @@ def bf16(demo_model_dir) -> Translator:
 
 
 def static_decode(translator: Translator, beam: int, readback: int, policy: Policy = Policy.TOPUP,
-                  pruning: PruningConfig | None = None):
+                  pruning: PruningConfig | None = None, late: bool = False):
     sources = translator.encode(TEXTS)
     cfg = SearchConfig(beam_size=beam, num_hypotheses=1, max_length_a=0.0, max_length_b=9,
                        pruning=pruning or PruningConfig())
     batching = SchedulerConfig(policy=policy, max_batch_sentences=2, capacity=2, beam_size=beam)
     return lambda: translator.decode_ids(sources, cfg, batching=batching,
-                                         static=StaticStep(readback_every=readback)).hypotheses
+                                         static=StaticStep(readback_every=readback, late=late)).hypotheses
 
 
-@pytest.mark.parametrize("beam, readback, policy, pruning", [
-    (3, 1, Policy.TOPUP, None), (3, 4, Policy.TOPUP, None), (1, 2, Policy.TOPUP, None),
-    (3, 2, Policy.VAR_STREAM, None), (4, 1, Policy.TOPUP, PruningConfig(rp=0.6, mc=2))])
-def test_every_step_after_the_capture_repeats_it(translator, monkeypatch, beam, readback, policy, pruning):
-    trace = trace_static_decode(monkeypatch, static_decode(translator, beam, readback, policy, pruning))
+@pytest.mark.parametrize("beam, readback, policy, pruning, late", [
+    (3, 1, Policy.TOPUP, None, False), (3, 4, Policy.TOPUP, None, False), (1, 2, Policy.TOPUP, None, False),
+    (3, 2, Policy.VAR_STREAM, None, False), (4, 1, Policy.TOPUP, PruningConfig(rp=0.6, mc=2), False),
+    (3, 4, Policy.TOPUP, None, True)])
+def test_every_step_after_the_capture_repeats_it(translator, monkeypatch, beam, readback, policy, pruning, late):
+    trace = trace_static_decode(monkeypatch, static_decode(translator, beam, readback, policy, pruning, late))
     assert len(trace.steps) > 12 and len(trace.steps[CAPTURED]) > 100
     assert [n for n in trace.admitted_after if n > CAPTURED + 1], "no refill between replays: nothing tested"
     assert replay_mismatches(trace) == []

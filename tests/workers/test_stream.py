@@ -142,7 +142,8 @@ def test_unfilled_self_attention_storage_is_never_read(model, sources, monkeypat
 def test_the_static_step_decodes_as_the_dynamic_one(model, sources, policy, unit, capacity, backend, monkeypatch):
     """One step shape (every slot's rows, full capacity: what a CUDA graph replays), run eagerly:
     the same hypotheses as the dynamic step, under every policy, with pruning, and at beam 1; read
-    back every step, or every third (finished sentences frozen on the device until then)."""
+    back every step, or every third (finished sentences frozen on the device until then), and each
+    readback read one step late."""
     if backend == "native":
         kernels = load_native()
         if kernels is None:
@@ -162,6 +163,11 @@ def test_the_static_step_decodes_as_the_dynamic_one(model, sources, policy, unit
         assert same(deferred.decode(sources), dynamic)
         reads = deferred.stats.syncs - cfg.pruning.active
         assert abs(reads - deferred.stats.steps / 3) <= 2  # (earlier only when no sentence can run)
+        for every in (1, 3):  # each readback read one step late, after the next step is queued
+            late = Engine(model, cfg, replace(sched, beam_size=cfg.beam_size),
+                          static=StaticStep(readback_every=every, late=True))
+            assert same(late.decode(sources), dynamic)
+            assert late.stats.pruned == engine.stats.pruned
 
 
 def test_a_deferred_readback_comes_early_once_every_sentence_is_at_its_cap(model, sources):
@@ -170,16 +176,18 @@ def test_a_deferred_readback_comes_early_once_every_sentence_is_at_its_cap(model
     cfg = replace(SEARCH, max_length_a=0.0, max_length_b=3)
     sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=8, capacity=8, beam_size=cfg.beam_size)
     dynamic = Engine(model, cfg, sched).decode(sources)
-    engine = Engine(model, cfg, sched, static=StaticStep(readback_every=50))
-    assert same(engine.decode(sources), dynamic)
-    assert all(len(h[0].tokens) <= 3 for h in dynamic)
-    assert engine.stats.steps <= 4 * len(sources) / 8 * 2  # (each batch: 3 steps + the readback's)
+    for late in (False, True):
+        engine = Engine(model, cfg, sched, static=StaticStep(readback_every=50, late=late))
+        assert same(engine.decode(sources), dynamic)
+        assert all(len(h[0].tokens) <= 3 for h in dynamic)
+        assert engine.stats.steps <= (4 + late) * len(sources) / 8 * 2  # (each batch: 3 steps + the readback's)
     with pytest.raises(ValueError, match="readback_every"):
         StaticStep(readback_every=0)
 
 
-@pytest.mark.parametrize("policy, every", [(Policy.TOPUP, 1), (Policy.TOPUP, 4), (Policy.VAR_STREAM, 2)])
-def test_the_device_advances_the_static_indices_as_the_host_would_build_them(model, sources, policy, every,
+@pytest.mark.parametrize("policy, every, late", [(Policy.TOPUP, 1, False), (Policy.TOPUP, 4, False),
+                                                (Policy.VAR_STREAM, 2, False), (Policy.TOPUP, 4, True)])
+def test_the_device_advances_the_static_indices_as_the_host_would_build_them(model, sources, policy, every, late,
                                                                               monkeypatch):
     """Between plan changes the static step advances its own index buffer (``StaticIndices.advance``);
     at every such step the buffer equals what the host would have built, caps reached included."""
@@ -202,7 +210,7 @@ def test_the_device_advances_the_static_indices_as_the_host_would_build_them(mod
     cfg = replace(SEARCH, max_length_a=0.0, max_length_b=9)  # (some sentences end at the cap)
     sched = SchedulerConfig(policy=policy, max_batch_sentences=6, capacity=6, beam_size=cfg.beam_size)
     dynamic = Engine(model, cfg, sched).decode(sources)
-    engine = Engine(model, cfg, sched, static=StaticStep(readback_every=every))
+    engine = Engine(model, cfg, sched, static=StaticStep(readback_every=every, late=late))
     assert same(engine.decode(sources), dynamic)
     assert any(len(h[0].tokens) == 9 for h in dynamic)
     assert len(checked) == engine._static.advanced > engine.stats.steps / 4  # most steps built nothing on the host
