@@ -139,13 +139,11 @@ def replay_mismatches(trace: DecodeTrace) -> list[str]:
     captured = trace.steps[CAPTURED]
     found = []
     for n, ops in enumerate(trace.steps[CAPTURED + 1:], CAPTURED + 1):
-        if len(ops) != len(captured):
+        first = next((j for j, (got, want) in enumerate(zip(ops, captured)) if got != want), None)
+        if first is not None:
+            found.append(f"step {n}, operator {first} {ops[first][0]}: {_difference(ops[first], captured[first])}")
+        elif len(ops) != len(captured):
             found.append(f"step {n}: {len(ops)} operators, captured {len(captured)}")
-            continue
-        for j, (got, want) in enumerate(zip(ops, captured)):
-            if got != want:
-                found.append(f"step {n}, operator {j} {got[0]}: {_difference(got, want)}")
-                break
         if trace.side_effects[n]:
             found.append(f"step {n} changes Python state a replay would not: {sorted(trace.side_effects[n])}")
     return found
