@@ -10,8 +10,8 @@ installed (the lent GPU machines: no Ray, no CTranslate2). The device is ``--dev
 first CUDA device, else the CPU) and is named in the report with torch's own description of it.
 Per set and beam: HF at each ``--hf-batches`` (length-sorted batches) and ours (top-up, refilling
 at the GPU's default threshold) at each ``--capacities``, dynamic and (on a GPU) static step, the
-largest capacity's static step also read back every step and read a step late -> target tokens/s, BLEU, peak device
-memory; the ratio ours-best / HF-best.
+largest capacity's static step also read back every step and read a step late -> target tokens/s,
+BLEU, peak device memory; the ratio ours-best / HF-best.
 ``--tables batching`` adds the seeds' tables (jobs/bench_batching.py: FIXED / VAR-BATCH /
 VAR-STREAM / VAR-STR-FIFO at k=5 and 50; mini-batch / maxi-batch / top-up) on the same device.
 ``--tables topup`` adds the top-up paper's mini-batch / maxi-batch / top-up table; ``--tables search``

@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "costs. Default 0 on the CPU, 4 on a GPU")
     g.add_argument("--late-readback", action="store_true",
                    help="the static step's results read one step late, once the next step is queued, so the GPU "
-                        "runs it while the host frees and refills slots (same outputs; slots refill a step later)")
+                        "runs it while the host frees and refills slots (same outputs; slots refill a step later). "
+                        "Only with the static step (--static-step N > 0, a GPU's default)")
     g = p.add_argument_group("shortlist vocabulary (Shi & Knight 2017); see jobs.build_shortlist")
     g.add_argument("--shortlist", help="lex.s2t (with its .freq) or CTranslate2 .vmap file")
     g.add_argument("--shortlist-m", type=int, default=10,
