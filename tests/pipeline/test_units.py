@@ -1,11 +1,16 @@
 """Work-unit planning and reading: stable names, global rows, schema checks before any work."""
 from __future__ import annotations
 
+import random
+import tracemalloc
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.units import Columns, CorruptInput, InputError, auto_unit_rows, plan_units, read_unit
+from pipeline import units
+from pipeline.units import (Columns, CorruptInput, InputError, auto_unit_rows, plan_units, read_text_lines,
+                            read_unit)
 
 
 def write(path, n: int, start: int = 0, **extra) -> None:
@@ -51,6 +56,50 @@ def test_text_file_units(tmp_path) -> None:
     assert [read_unit(u, Columns()).texts for u in plan.units] == [[b"eins", b"zwei", b""], [b"drei \xff"]]
 
 
+TEXTS = [b"", b"\n", b"\n\n", b"a", b"a\n", b"a\nb", b"x\r\n\r\ny", b"eins\r\nzwei\n\ndrei \xff\n"]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1 << 24])
+@pytest.mark.parametrize("data", TEXTS + [bytes(random.Random(seed).choice(b"ab\n\r\xff") for _ in range(60))
+                                          for seed in range(20)])
+def test_text_units_read_their_own_bytes_and_give_the_file_s_lines(tmp_path, monkeypatch, data, chunk) -> None:
+    """Every unit of a text file reads only its byte range (planned in one streaming pass, scanned in
+    chunks that cut lines and CRLFs anywhere), and together they give exactly the file's lines."""
+    monkeypatch.setattr(units, "TEXT_CHUNK", chunk)
+    (tmp_path / "in.txt").write_bytes(data)
+    whole = read_text_lines(str(tmp_path / "in.txt"))
+    for size in (1, 2, 3, 7, 1000, lambda rows: 2):  # a size known up front, and one from the total rows
+        plan = plan_units(str(tmp_path / "in.txt"), Columns(), unit_rows=size)
+        assert plan.rows == len(whole)
+        assert all(u.byte_start is not None for u in plan.units)
+        assert [t for u in plan.units for t in read_unit(u, Columns()).texts] == whole
+
+
+def test_a_text_file_changed_after_planning_fails_its_unit_clearly(tmp_path) -> None:
+    (tmp_path / "in.txt").write_bytes(b"a\nb\nc\nd\n")
+    plan = plan_units(str(tmp_path / "in.txt"), Columns(), unit_rows=2)
+    (tmp_path / "in.txt").write_bytes(b"a\nb\n\nd\n" .replace(b"\n\n", b"\nx"))  # rows 2..4 now hold one line
+    with pytest.raises(InputError, match="hold 1 lines where the plan counted 2: the file changed after planning"):
+        read_unit(plan.units[1], Columns())
+
+
+def test_a_large_text_file_is_planned_and_read_in_bounded_memory(tmp_path, monkeypatch) -> None:
+    """200,000 lines (12 MB): planning holds one scan chunk, not the lines; a unit reads its bytes only."""
+    monkeypatch.setattr(units, "TEXT_CHUNK", 1 << 20)
+    line = b"Ein Satz aus einem sehr grossen Korpus, Zeile fuer Zeile.\n"
+    (tmp_path / "big.txt").write_bytes(line * 200_000)
+    tracemalloc.start()
+    plan = plan_units(str(tmp_path / "big.txt"), Columns(), unit_rows=2500)
+    planned = tracemalloc.get_traced_memory()[1]
+    tracemalloc.reset_peak()
+    rows = read_unit(plan.units[40], Columns())
+    read = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert (plan.rows, len(plan.units), rows.rows[0], rows.texts[0]) == (200_000, 80, 100_000, line[:-1])
+    assert planned < 5 * units.TEXT_CHUNK  # the file's lines would take 10x that
+    assert read < 20 * len(line) * 2500  # one unit, never the file
+
+
 @pytest.mark.parametrize("table, columns, message", [
     (pa.table({"sentence": ["a"]}), Columns(), "no text column 'text'; columns found: ['sentence']"),
     (pa.table({"text": [1, 2]}), Columns(), "text column 'text' has type int64, expected string"),
@@ -75,3 +124,11 @@ def test_corrupt_parquet_names_the_file_or_is_skipped(tmp_path) -> None:
 def test_missing_input_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(InputError, match="no such file"):
         plan_units(str(tmp_path / "nope.parquet"), Columns(), unit_rows=10)
+
+
+def test_text_units_on_s3_read_their_byte_ranges(s3) -> None:
+    data = b"".join(f"Zeile {i}\r\n".encode() if i % 3 else b"\n" for i in range(50)) + b"letzte"
+    s3.pipe("corpus-bucket/in/text.txt", data)
+    plan = plan_units("s3://corpus-bucket/in/text.txt", Columns(), unit_rows=7)
+    texts = [t for u in plan.units for t in read_unit(u, Columns()).texts]
+    assert texts == [line.rstrip(b"\r") for line in data.split(b"\n")] and plan.rows == 51
