@@ -33,7 +33,6 @@ import time
 from dataclasses import replace
 
 import fsspec
-import pyarrow.parquet as pq
 import torch
 
 from pipeline.actors import DecoderSettings
@@ -44,7 +43,7 @@ from pipeline.model_check import ModelError
 from pipeline.reports import markdown_table
 from pipeline.run import PipelineConfig, UnitsFailed, actor_table, run_pipeline
 from pipeline.shortlists import load_shortlist
-from pipeline.sink import OutputStore
+from pipeline.sink import OutputStore, assemble
 from pipeline.storage import storage_options
 from pipeline.units import Columns, InputError
 from workers.config import FAST_PRUNING, PruningConfig, SearchConfig
@@ -314,21 +313,6 @@ def run(args: argparse.Namespace, cfg: SearchConfig) -> None:
     if args.report:
         from jobs.report import report
         report(pc.decoder.output, None if "://" not in args.output else "report")
-
-
-def assemble(store: OutputStore, url: str) -> None:
-    """One ``.txt`` (translations in input order) or ``.parquet`` file from the committed parts."""
-    table = store.read()
-    fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
-    if "/" in path.rstrip("/"):
-        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    if url.endswith(".parquet"):
-        with fsspec.open(url, "wb", **storage_options(url)) as f:
-            pq.write_table(table, f)
-        return
-    with fsspec.open(url, "wt", encoding="utf-8", **storage_options(url)) as f:
-        for text in table.column("translation").to_pylist():
-            f.write(text.replace("\n", " ") + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

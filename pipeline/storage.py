@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Callable
+from contextlib import contextmanager
+from typing import IO, Callable, Iterator
 
 import fsspec
 
@@ -43,15 +44,44 @@ def write_text(url: str, text: str) -> None:
         f.write(text)
 
 
+def _on_disk(fs) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+@contextmanager
+def open_whole(fs, path: str) -> Iterator[IO[bytes]]:
+    """A file streamed in that a reader sees complete or not at all, even if the writer fails or is
+    killed part way: on local disk a temporary name renamed into place at the end, on object stores
+    an upload committed only when the block ends without an error (aborted on one)."""
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    if _on_disk(fs):
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        try:
+            with fs.open(tmp, "wb") as f:
+                yield f
+        except BaseException:
+            if fs.exists(tmp):
+                fs.rm(tmp)
+            raise
+        fs.mv(tmp, path)
+        return
+    f = fs.open(path, "wb", autocommit=False)
+    try:
+        yield f
+    except BaseException:
+        f.discard()
+        raise
+    f.close()
+    f.commit()
+
+
 def put_whole(fs, path: str, data: bytes) -> None:
     """Write one whole file that a reader sees complete or not at all: a single PUT on object stores,
     a temporary name then an atomic rename on local disk (never truncated and rewritten in place)."""
+    if _on_disk(fs):
+        with open_whole(fs, path) as f:
+            f.write(data)
+        return
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
-        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        with fs.open(tmp, "wb") as f:
-            f.write(data)
-        fs.mv(tmp, path)
-    else:
-        with fs.open(path, "wb") as f:
-            f.write(data)
+    with fs.open(path, "wb") as f:
+        f.write(data)

@@ -1,9 +1,13 @@
 """Per-unit commits: a retried unit never appears twice; a part without its marker is not output."""
 from __future__ import annotations
 
+import fsspec
 import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
 
-from pipeline.sink import OUTPUT_SCHEMA, OutputStore
+from pipeline.sink import OUTPUT_SCHEMA, OutputStore, assemble
+from pipeline.storage import storage_options
 
 
 def part(rows: list[int], ids: list | None = None) -> pa.Table:
@@ -55,3 +59,52 @@ def test_a_decoded_unit_s_part(demo_model_dir) -> None:
     assert table.column("nbest").to_pylist() == [[{"text": "A dog.", "score": -1.0}, {"text": "A cat.", "score": -1.5}],
                                                  [], [{"text": "Hello there", "score": -0.75}]]
     assert table.column("row").to_pylist() == [10, 11, 12] and table.column("status").to_pylist() == ["ok", "null", "split"]
+
+
+def committed_store(url: str) -> OutputStore:
+    """Three units committed out of order, rows shuffled within a part, one part without the extras."""
+    store = OutputStore(url)
+    store.commit("00000-0000000004", part([5, 4]).append_column("reference", pa.array(["r5", "r4"])), None, {})
+    store.commit("00000-0000000000", part([2, 0, 1, 3]).append_column("reference", pa.array(["r2", "r0", "r1", "r3"])),
+                 None, {})
+    store.commit("00001-0000000000", part([6]), None, {})  # e.g. an unreadable unit: no reference column
+    return store
+
+
+@pytest.mark.parametrize("where", ["disk", "s3"])
+def test_one_file_is_assembled_a_part_at_a_time_in_input_order(tmp_path, where, request) -> None:
+    root = str(tmp_path) if where == "disk" else f"s3://corpus-bucket/{request.getfixturevalue('s3') and 'assemble'}"
+    store = committed_store(f"{root}/out")
+    assemble(store, f"{root}/all.txt")
+    assemble(store, f"{root}/all.parquet")
+    with fsspec.open(f"{root}/all.txt", "rb", **storage_options(root)) as f:
+        assert f.read() == b"t0\nt1\nt2\nt3\nt4\nt5\nt6\n"
+    with fsspec.open(f"{root}/all.parquet", "rb", **storage_options(root)) as f:
+        table = pq.read_table(f)
+    assert table.column("row").to_pylist() == list(range(7)) and table.equals(store.read().select(table.column_names))
+    assert table.column("reference").to_pylist() == ["r0", "r1", "r2", "r3", "r4", "r5", None]
+
+
+@pytest.mark.parametrize("where", ["disk", "s3"])
+def test_an_assembly_that_fails_part_way_leaves_no_file_or_the_old_one_whole(tmp_path, where, request,
+                                                                             monkeypatch) -> None:
+    root = str(tmp_path) if where == "disk" else f"s3://corpus-bucket/{request.getfixturevalue('s3') and 'broken'}"
+    store = committed_store(f"{root}/out")
+    fs, _ = fsspec.core.url_to_fs(root, **storage_options(root))
+    real = store.parts
+
+    def parts_then_fail(columns=None):
+        yield next(real(columns))
+        raise OSError("a part could not be read")
+    monkeypatch.setattr(store, "parts", parts_then_fail)
+    with pytest.raises(OSError, match="could not be read"):
+        assemble(store, f"{root}/all.txt")
+    assert not fs.exists(f"{root}/all.txt")
+    monkeypatch.setattr(store, "parts", real)
+    assemble(store, f"{root}/all.txt")
+    monkeypatch.setattr(store, "parts", parts_then_fail)
+    with pytest.raises(OSError):
+        assemble(store, f"{root}/all.txt")
+    with fsspec.open(f"{root}/all.txt", "rb", **storage_options(root)) as f:
+        assert f.read().count(b"\n") == 7  # the earlier file, whole
+    assert [p for p in fs.ls(root, detail=False) if p.endswith(".tmp")] == []
