@@ -7,7 +7,8 @@ decoder never idles between units (top-up at the grain of a unit). ``Pool`` deci
 * how many actors to run: between ``lo`` and ``hi``, no more than there is work left;
 * which ready actor gets the next item: the least loaded one;
 * which actors to let go when the work left shrinks (idle ones only, never below ``lo``);
-* what a failure means: a unit is tried again until it has failed ``max_attempts`` times;
+* what a failure means: a unit is tried again until it has failed ``max_attempts`` times, and
+  whether its last failure was its own error (bad data) or its actor's loss (killed, node gone);
 * how a decoder's health is judged (``Health``): a death is counted once however many items it
   lost (items carry the actor's incarnation); a dead actor is probed again with exponential
   back-off until it answers, or it is replaced by a fresh one once it has been down
@@ -57,6 +58,7 @@ class Pool:
     starting: set[str] = field(default_factory=set)  # created, model not loaded yet
     attempts: Counter = field(default_factory=Counter)  # unit -> failed attempts
     failed: dict[str, str] = field(default_factory=dict)  # unit -> last reason, attempts used up
+    lost: set[str] = field(default_factory=set)  # units whose last attempt died with its actor (no error of theirs)
     health: Health = field(default_factory=Health)
     down: dict[str, Down] = field(default_factory=dict)  # died, being probed until it answers
     deaths: Counter = field(default_factory=Counter)  # actor -> deaths seen
@@ -162,8 +164,10 @@ class Pool:
             self.none_ready_since = now
         return now - self.none_ready_since
 
-    def failed_attempt(self, unit: str, reason: str) -> bool:
-        """Record a failed attempt at ``unit``; True if it should be tried again."""
+    def failed_attempt(self, unit: str, reason: str, lost: bool = False) -> bool:
+        """Record a failed attempt at ``unit`` (``lost``: its actor died or vanished, the unit itself
+        raised nothing); True if it should be tried again."""
+        (self.lost.add if lost else self.lost.discard)(unit)
         self.attempts[unit] += 1
         if self.attempts[unit] < self.max_attempts:
             return True

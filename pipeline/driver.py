@@ -123,6 +123,7 @@ class Driver:
             feed.close()
             self._kill_all()
         self.result.failed = dict(self.pool.failed)
+        self.result.lost = self.pool.lost & set(self.pool.failed)
 
     # -- feeding ----------------------------------------------------------------------------------------
     def _encoded_blocks(self) -> Iterator[object]:
@@ -294,7 +295,8 @@ class Driver:
             reason = _first_line(e)
             self.last_problem = f"{actor}: {reason}"
             logger.warning("decoder %s lost %s: %s", actor, [u.name for u in units] or "an encoded block", reason)
-            self.retry.extend(u for u in units if self.pool.failed_attempt(u.name, reason))
+            lost = not isinstance(e, ray.exceptions.RayTaskError)  # the actor died: not the unit's own error
+            self.retry.extend(u for u in units if self.pool.failed_attempt(u.name, reason, lost))
             self.finished_units += sum(u.name in self.pool.failed for u in units)
             if isinstance(e, ray.exceptions.RayActorError) and self.pool.died(actor, incarnation, now):
                 logger.warning("decoder %s died (%d so far): probing it until Ray has restarted it", actor,

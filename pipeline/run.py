@@ -77,6 +77,7 @@ class PipelineResult:
     stats: list[UnitStats] = field(default_factory=list)  # this run's units
     skipped_files: tuple = ()
     failed: dict[str, str] = field(default_factory=dict)  # unit -> reason, after max_attempts
+    lost: set[str] = field(default_factory=set)  # failed units whose last attempt died with its actor
     unreadable: dict[str, str] = field(default_factory=dict)  # failed units written as rows saying so (skip_corrupt)
     where: str = "ray"  # "ray", "in-process" (a small job) or "nothing to do"
 
@@ -192,21 +193,26 @@ def _run(cfg: PipelineConfig, plan: Plan, store: OutputStore, lease: Lease) -> P
     result.seconds = time.perf_counter() - start
     if result.failed and cfg.skip_corrupt:  # every row still gets an output row, saying why it has no translation
         units = {u.name: u for u in todo}
-        for name, reason in result.failed.items():
+        # only a unit's own errors make it unreadable: one whose actors kept dying is not bad data
+        unreadable = {name: reason for name, reason in result.failed.items() if name not in result.lost}
+        for name, reason in unreadable.items():
             store.commit(name, _unreadable_part(units[name], reason, cfg.decoder.signature), None,
                          {"unit": name, "actor": "driver", "unreadable": reason, "signature": cfg.decoder.signature})
-        result.unreadable, result.failed = result.failed, {}
+        result.unreadable = unreadable
+        result.failed = {name: reason for name, reason in result.failed.items() if name not in unreadable}
     if result.failed:
-        raise UnitsFailed(result.failed)
-    present = store.rows_committed()
+        raise UnitsFailed(result.failed, result.lost)
+    markers = store.manifests()
+    present = sum(int(m.get("rows", 0)) for m in markers)
     if present != plan.rows:  # never a _SUCCESS over missing rows
         raise RuntimeError(f"{store.url}: committed parts hold {present} rows, the plan has {plan.rows}; not marking "
                            f"success (rerun to retry, or --restart to start afresh)")
     if pruned := store.prune():
         logger.warning("removed %d file(s) of another plan (late commits of a killed job)", pruned)
     result.scores = _evaluate(store) if cfg.decoder.evaluate else None
+    unreadable = {m["unit"]: m["unreadable"] for m in markers if m.get("unreadable")}  # this run's and earlier ones
     store.write_success({"units": result.units, "rows": present, "skipped_units": result.skipped_units,
-                         "skipped_files": [list(x) for x in plan.skipped_files], "unreadable_units": result.unreadable,
+                         "skipped_files": [list(x) for x in plan.skipped_files], "unreadable_units": unreadable,
                          "signature": cfg.decoder.signature, "plan": cfg.decoder.plan,
                          "scores": str(result.scores) if result.scores else None})
     return result
@@ -277,8 +283,9 @@ def _unreadable_part(unit: WorkUnit, reason: str, signature: str) -> pa.Table:
 
 
 class UnitsFailed(RuntimeError):
-    def __init__(self, failed: dict[str, str]) -> None:
-        lines = "\n".join(f"  {unit}: {reason}" for unit, reason in sorted(failed.items()))
+    def __init__(self, failed: dict[str, str], lost: set[str] = frozenset()) -> None:
+        lines = "\n".join(f"  {unit}: {'its decoder died each time, last: ' if unit in lost else ''}{reason}"
+                          for unit, reason in sorted(failed.items()))
         super().__init__(f"{len(failed)} unit(s) failed every attempt; every other unit is committed and "
                          f"rerunning the same command retries only these:\n{lines}")
         self.failed = failed

@@ -100,10 +100,6 @@ class OutputStore:
     def _put(self, path: str, data: bytes) -> None:
         put_whole(self.fs, path, data)
 
-    def rows_committed(self) -> int:
-        """Rows in this plan's committed parts, from their markers (each marker counts its part's rows)."""
-        return sum(int(m.get("rows", 0)) for m in self.manifests())
-
     def read_plan(self) -> PlanRecord | None:
         try:
             return PlanRecord.from_json(self.fs.cat_file(self._path(PLAN)))

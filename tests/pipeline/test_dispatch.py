@@ -45,6 +45,16 @@ def test_a_unit_is_retried_until_it_fails_max_attempts_times() -> None:
     assert pool.failed_attempt("u2", "x")  # counted per unit
 
 
+def test_a_unit_whose_last_attempt_died_with_its_actor_is_lost_not_bad_data() -> None:
+    """``--skip-corrupt`` writes only a unit's own errors as unreadable rows: a unit whose decoders
+    kept being killed is failed (rerun retries it), never committed untranslated."""
+    pool = Pool(lo=1, hi=1, max_attempts=2)
+    assert pool.failed_attempt("bad", "ArrowInvalid: bad page") and pool.failed_attempt("killed", "ArrowInvalid: x")
+    assert not pool.failed_attempt("bad", "ArrowInvalid: bad page")
+    assert not pool.failed_attempt("killed", "actor died", lost=True)
+    assert set(pool.failed) == {"bad", "killed"} and pool.lost == {"killed"}
+
+
 def test_a_restarting_actor_gets_nothing_until_ready_again() -> None:
     pool = Pool(lo=1, hi=1)
     pool.started("a")

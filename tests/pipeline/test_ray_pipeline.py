@@ -175,6 +175,8 @@ def test_skip_corrupt_writes_an_unreadable_units_rows_with_their_status(cluster,
     assert all(r["translation"] == "" and "could not be read" in r["reason"] for r in table[10:20])
     assert all(r["status"] == "ok" and r["translation"] for r in table[:10] + table[20:])
     assert "00000-0000000010" in json.loads((out / "_SUCCESS").read_text())["unreadable_units"]
+    main(job(demo_model_dir, src, out, "--skip-corrupt"))  # a rerun: nothing to do, the summary keeps the gap
+    assert "00000-0000000010" in json.loads((out / "_SUCCESS").read_text())["unreadable_units"]
 
 
 def test_in_process_and_ray_routes_give_identical_output_tables(cluster, demo_model_dir, tmp_path):
