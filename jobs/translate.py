@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines")
     g.add_argument("--stall-timeout", type=float, default=1800.0,
                    help="a decoder actor with work that returns nothing for this many seconds is killed and "
-                        "restarted; its units are sent again")
+                        "restarted; its units are sent again. An encoder stream that delivers nothing this long "
+                        "while every decoder waits is given up: its units go to the decoders untokenised")
     g.add_argument("--text-column", default="text", help="the Parquet column to translate")
     g.add_argument("--id-column", help="default: 'id' when present, else the row number")
     g.add_argument("--reference-column", help="references for --evaluate")

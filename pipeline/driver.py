@@ -83,6 +83,7 @@ class Driver:
         self.created = self.start_failures = 0
         self.last_problem = ""
         self.last_progress = time.monotonic()
+        self.starved_since: float | None = None  # since when every decoder waits on an empty encoder stream
         self.progress = Progress(sum(u.stop - u.start for u in todo), cfg.decoder.slice_s)
         # decoders report their time slices here: live progress inside a unit, and their liveness
         self.board = ray.remote(Board).options(num_cpus=0, max_restarts=-1).remote()
@@ -109,7 +110,12 @@ class Driver:
                                            "as raw units", feed.error)
                         continue
                     if item is None:  # nothing to send now
+                        if not drained and self._stream_stalled(now):
+                            feed.close()
+                            drained = True
+                            continue
                         break
+                    self.starved_since = None
                     self._send(actor, item)
                 if drained and not self.in_flight and not self.retry:
                     if swept:
@@ -137,6 +143,20 @@ class Driver:
                             num_cpus=self.cfg.encoder_cpus)
         for bundle in ds.iter_internal_ref_bundles():
             yield from bundle.block_refs
+
+    def _stream_stalled(self, now: float) -> bool:
+        """Whether the encoder stream has given nothing for ``--stall-timeout`` while every decoder
+        waited: a hung encoder (Ray Data retries its tasks without end, so the stream never fails)."""
+        if self.in_flight:
+            self.starved_since = None
+            return False
+        if self.starved_since is None:
+            self.starved_since = now
+        if now - self.starved_since < self.pool.health.stall_timeout_s:
+            return False
+        logger.warning("the encoder stream delivered nothing for %.0fs while every decoder waited (--stall-timeout): "
+                       "its undelivered units go to the decoders as raw units", now - self.starved_since)
+        return True
 
     def _sweep(self) -> None:
         """Units not committed after the stream (their block or actor failed) go again as raw units."""

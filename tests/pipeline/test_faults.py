@@ -292,3 +292,26 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(cluster, demo_model_dir, tmp_p
     main(args)
     assert int(re.search(r"\((\d+) already committed\)", capsys.readouterr().out).group(1)) >= 1
     assert_exactly_once(str(out), [f"r{i:04d}" for i in range(400)])
+
+
+def test_a_hung_encoder_is_given_up_after_the_stall_timeout(cluster, demo_model_dir, tmp_path):
+    """A stopped (SIGSTOP) encoder never fails: Ray Data waits on it forever. Once every decoder has
+    waited --stall-timeout on the empty stream, the units go to the decoders raw; nothing is lost."""
+    n = 120
+    src = write_corpus(tmp_path / "in.parquet", clean_corpus(n))
+    out = tmp_path / "out"
+    proc = spawn_driver(cluster, job(demo_model_dir, src, out, "--unit-rows", "30", "--decoders", "1",
+                                     "--stall-timeout", "20"), tmp_path / "driver.log")
+    encoder = set()
+    try:
+        encoder = wait_until(lambda: ray_processes("MapWorker"), proc, what="the encoder actor")
+        for p in encoder:
+            os.kill(p, signal.SIGSTOP)
+        assert proc.wait(timeout=300) == 0, (tmp_path / "driver.log").read_text(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in encoder:
+            kill(p)
+    assert "the encoder stream delivered nothing" in (tmp_path / "driver.log").read_text(errors="replace")
+    assert_exactly_once(str(out), [f"r{i:04d}" for i in range(n)])
