@@ -65,7 +65,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--model", required=True, help="checkpoint directory or fsspec URL")
-    p.add_argument("--input", required=True, help=".txt, .parquet, or a directory / prefix of .parquet files (local or URL)")
+    p.add_argument("--input", required=True, help="a text file (a sentence a line), a .parquet file, or a directory / prefix of .parquet and .txt "
+                   "files (local or URL)")
     p.add_argument("--output", required=True, help="a directory (ends in '/', exists, or has no extension) or one "
                    "file: .parquet, else text")
     p.add_argument("--beam-size", type=int, default=5, help="beam width (1: greedy)")
@@ -234,7 +235,10 @@ def device_of(args: argparse.Namespace) -> str:
 
 
 def signature(args: argparse.Namespace, cfg: SearchConfig) -> str:
-    return f"model:{args.model}|{cfg.signature()}|batching:{batching_of(args)}" + (
+    """What decodes, in a line printed beside every output (and part of the plan): the model named as
+    one path however it is spelled (``./m/`` and ``m`` are the same model), the search and speedups."""
+    model = args.model.rstrip("/") if "://" in args.model else os.path.normpath(args.model)
+    return f"model:{model}|{cfg.signature()}|batching:{batching_of(args)}" + (
         f"|shortlist:{args.shortlist}:{args.shortlist_m}:{args.shortlist_n}" if args.shortlist else "") + (
         "|int8" if args.int8 else "") + ("|bf16" if args.bf16 else "") + ("|fp16" if args.fp16 else "")
 
@@ -284,7 +288,7 @@ JOB_ERRORS = (InputError, ModelError, PlanMismatch, OutputBusy, DecodersUnavaila
 
 def run(args: argparse.Namespace, cfg: SearchConfig) -> None:
     if args.evaluate and not args.reference_column:
-        raise SystemExit("--evaluate needs --reference-column (a Parquet input with references)")
+        raise SystemExit("error: --evaluate needs --reference-column (a Parquet input with references)")
     pc = pipeline_config(args, cfg)
     start = time.perf_counter()
     try:
@@ -302,6 +306,9 @@ def run(args: argparse.Namespace, cfg: SearchConfig) -> None:
     print(f"translated {result.rows} rows in {result.units} units ({result.skipped_units} already committed) "
           f"-> {args.output} in {time.perf_counter() - start:.1f}s end to end, {result.where} ({decode}"
           f"{result.tokens_per_second:.0f} end to end) [{pc.decoder.signature}]")
+    if set(result.statuses) - {"ok"}:  # rows translated other than as given, or not at all: say so
+        print("rows by status: " + ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items()))
+              + f" (the status and reason columns of the parts in {pc.decoder.output} say which and why)")
     for path, reason in result.skipped_files:
         print(f"skipped corrupt file {path}: {reason}")
     for unit, reason in result.unreadable.items():
@@ -317,9 +324,13 @@ def run(args: argparse.Namespace, cfg: SearchConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    cfg = search_config(args)
+    try:
+        cfg = search_config(args)
+    except ValueError as e:  # e.g. --nbest above --beam-size: a usage error, not a traceback
+        parser.error(str(e))
     run(args, cfg)
 
 

@@ -19,6 +19,7 @@ and decodes at the in-process engine's speed, where a Ray Data map worker measur
 from __future__ import annotations
 
 import functools
+from collections import Counter
 import logging
 import math
 import os
@@ -37,7 +38,7 @@ from pipeline.model_check import check_model
 from pipeline.records import UnitStats
 from pipeline.sink import OutputStore, output_table
 from pipeline.timeline import Progress
-from pipeline.units import Columns, Plan, WorkUnit, auto_unit_rows, plan_units
+from pipeline.units import Columns, Plan, WorkUnit, auto_unit_rows, check_apart, plan_units
 from workers.device import on_gpu
 
 __all__ = ["DecodersUnavailable", "check_placeable", "PipelineConfig", "PipelineResult", "PlanMismatch", "UnitsFailed", "run_pipeline"]
@@ -79,6 +80,7 @@ class PipelineResult:
     failed: dict[str, str] = field(default_factory=dict)  # unit -> reason, after max_attempts
     lost: set[str] = field(default_factory=set)  # failed units whose last attempt died with its actor
     unreadable: dict[str, str] = field(default_factory=dict)  # failed units written as rows saying so (skip_corrupt)
+    statuses: dict[str, int] = field(default_factory=dict)  # rows of the whole output by status (ok, empty, ...)
     where: str = "ray"  # "ray", "in-process" (a small job) or "nothing to do"
 
     @property
@@ -163,6 +165,7 @@ def run_pipeline(cfg: PipelineConfig) -> PipelineResult:
     is committed) if some units failed every attempt.
     """
     check_model(cfg.decoder.model)
+    check_apart(cfg.input, cfg.decoder.output)
     plan: Plan = plan_units(cfg.input, cfg.columns, _unit_rows(cfg), skip_corrupt=cfg.skip_corrupt)
     record = plan_record(cfg, plan)
     store = OutputStore(cfg.decoder.output, plan=record.digest)
@@ -211,8 +214,10 @@ def _run(cfg: PipelineConfig, plan: Plan, store: OutputStore, lease: Lease) -> P
         logger.warning("removed %d file(s) of another plan (late commits of a killed job)", pruned)
     result.scores = _evaluate(store) if cfg.decoder.evaluate else None
     unreadable = {m["unit"]: m["unreadable"] for m in markers if m.get("unreadable")}  # this run's and earlier ones
+    result.statuses = dict(sum((Counter(m.get("statuses", {})) for m in markers), Counter()))
     store.write_success({"units": result.units, "rows": present, "skipped_units": result.skipped_units,
                          "skipped_files": [list(x) for x in plan.skipped_files], "unreadable_units": unreadable,
+                         "rows_by_status": result.statuses,
                          "signature": cfg.decoder.signature, "plan": cfg.decoder.plan,
                          "scores": str(result.scores) if result.scores else None})
     return result

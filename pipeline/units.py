@@ -31,6 +31,7 @@ from pipeline.storage import storage_options
 logger = logging.getLogger(__name__)
 
 TEXT_CHUNK = 1 << 22  # bytes a text file is scanned in
+INPUT_SUFFIXES = (".parquet", ".txt")  # the files a directory input is read for
 
 
 class InputError(ValueError):
@@ -70,18 +71,37 @@ class Plan:
 
 
 def list_inputs(url: str) -> list[str]:
-    """A file, or every ``*.parquet`` under a directory (sorted), as fsspec URLs."""
+    """A file, or every ``*.parquet`` and ``*.txt`` file under a directory (sorted), as fsspec URLs.
+    Hidden and ``_`` paths under a directory (``.crc``, ``_SUCCESS``, ``_manifest/``) are not input;
+    any other file is refused by name, never skipped without a word."""
     fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
     if fs.isdir(path):
-        files = sorted(p for p in fs.find(path) if p.endswith(".parquet"))
+        root = path.rstrip("/") + "/"
+        visible = [p for p in sorted(fs.find(path))
+                   if not any(part.startswith(("_", ".")) for part in p[len(root):].split("/"))]
+        files = [p for p in visible if p.endswith(INPUT_SUFFIXES)]
+        if others := [p for p in visible if not p.endswith(INPUT_SUFFIXES)]:
+            raise InputError(f"{url}: a directory input is read for its .parquet and .txt files, and it also holds "
+                             f"{len(others)} other file(s), which would not be translated: "
+                             f"{', '.join(others[:5])}{' ...' if len(others) > 5 else ''}; move them out (hidden and "
+                             f"_ files are ignored) or name the files to translate")
         if not files:
-            raise InputError(f"{url}: a directory with no .parquet files")
+            raise InputError(f"{url}: a directory with no .parquet or .txt files")
     elif fs.exists(path):
         files = [path]
     else:
         raise InputError(f"{url}: no such file or directory")
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     return [p if protocol in ("file", "local") else f"{protocol}://{p}" for p in files]
+
+
+def check_apart(input_url: str, output_url: str) -> None:
+    """Refuse an output inside the input directory: a rerun would read the job's own parts as input."""
+    fs, inp = fsspec.core.url_to_fs(input_url, **storage_options(input_url))
+    out_fs, out = fsspec.core.url_to_fs(output_url, **storage_options(output_url))
+    if type(fs) is type(out_fs) and fs.isdir(inp) and (out.rstrip("/") + "/").startswith(inp.rstrip("/") + "/"):
+        raise InputError(f"--output {output_url} is inside the --input directory {input_url}: its parts would be "
+                         f"read as input; write the output elsewhere")
 
 
 def auto_unit_rows(rows: int, gpu: bool) -> int:
@@ -105,6 +125,9 @@ def plan_units(url: str, columns: Columns, unit_rows: int | Callable[[int], int]
     known = None if callable(unit_rows) else unit_rows  # text files are cut as they are counted when known
     for index, path in enumerate(files):
         if not path.endswith(".parquet"):
+            if columns.id is not None or columns.reference is not None or columns.text != "text":
+                raise InputError(f"{path}: a text file has no columns, so --text-column, --id-column and "
+                                 f"--reference-column do not apply (rows are numbered); use a Parquet input")
             rows, starts = text_layout(path, known)
             found.append((index, path, rows, None, starts))
             continue

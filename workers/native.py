@@ -92,6 +92,8 @@ def _build(name: str, flags: list[str], path: str) -> None:
     os.makedirs(folder, exist_ok=True)
     _remove_stale_builds(folder)
     private = tempfile.mkdtemp(prefix=f"{name}-build-", dir=folder)
+    logger.info("building the native decode operators into %s (once per machine and torch version, about a "
+                "minute)", folder)
     try:
         built = cpp_build(name, SOURCES, build_directory=private, verbose=False, is_python_module=False,
                           extra_cflags=flags, extra_ldflags=["-fopenmp"])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from jobs.translate import main
 from tests.conftest import ROOT
@@ -180,3 +181,24 @@ def test_an_in_process_job_prints_progress_inside_its_unit(demo_model_dir, tmp_p
           "--threads", "1", "--progress-every", "0.5"])
     out = capsys.readouterr().out
     assert "(units 0/1 committed)  decoding" in out and "ETA ~" in out and "in-process (decoding" in out
+
+
+def test_one_model_spelled_two_ways_has_one_signature_and_bad_options_are_usage_errors(capsys):
+    from jobs.translate import build_parser, search_config, signature
+
+    def sig(model: str) -> str:
+        args = build_parser().parse_args(["--model", model, "--input", "i", "--output", "o"])
+        return signature(args, search_config(args)).split("|")[0]
+    assert sig("models/demo-de-en") == sig("./models/demo-de-en/") == "model:models/demo-de-en"
+    assert sig("s3://b/m/") == "model:s3://b/m"
+    with pytest.raises(SystemExit) as e:
+        main(["--model", "m", "--input", "i", "--output", "o", "--nbest", "6"])
+    assert e.value.code == 2 and "error: num_hypotheses must be in [1, beam_size=5], got 6" in capsys.readouterr().err
+
+
+def test_rows_not_translated_as_given_are_counted_by_status(demo_model_dir, tmp_path, capsys):
+    import json
+    (tmp_path / "in.txt").write_text("Ein Hund.\n\n   \nZwei Männer.\n", encoding="utf-8")
+    main(["--model", str(demo_model_dir), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.txt")])
+    assert "rows by status: empty 2, ok 2" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out.txt.parts" / "_SUCCESS").read_text())["rows_by_status"] == {"ok": 2, "empty": 2}

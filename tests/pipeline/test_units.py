@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import units
-from pipeline.units import (Columns, CorruptInput, InputError, auto_unit_rows, plan_units, read_text_lines,
-                            read_unit)
+from pipeline.units import (Columns, CorruptInput, InputError, auto_unit_rows, check_apart, plan_units,
+                            read_text_lines, read_unit)
 
 
 def write(path, n: int, start: int = 0, **extra) -> None:
@@ -132,3 +132,33 @@ def test_text_units_on_s3_read_their_byte_ranges(s3) -> None:
     plan = plan_units("s3://corpus-bucket/in/text.txt", Columns(), unit_rows=7)
     texts = [t for u in plan.units for t in read_unit(u, Columns()).texts]
     assert texts == [line.rstrip(b"\r") for line in data.split(b"\n")] and plan.rows == 51
+
+
+def test_a_directory_input_reads_parquet_and_text_files_and_refuses_others_by_name(tmp_path) -> None:
+    write(tmp_path / "a.parquet", 3)
+    (tmp_path / "b.txt").write_bytes(b"eins\nzwei\n")
+    (tmp_path / "_SUCCESS").write_bytes(b"")  # markers and hidden files are not input
+    (tmp_path / ".a.parquet.crc").write_bytes(b"")
+    (tmp_path / "_stats").mkdir()
+    write(tmp_path / "_stats" / "x.parquet", 2)
+    plan = plan_units(str(tmp_path), Columns(), unit_rows=10)
+    assert plan.rows == 5 and [u.path.rsplit("/", 1)[-1] for u in plan.units] == ["a.parquet", "b.txt"]
+    (tmp_path / "c.de").write_bytes(b"drei\n")  # was skipped without a word: 1 row lost
+    with pytest.raises(InputError, match=r"also holds 1 other file\(s\), which would not be translated: .*c\.de"):
+        plan_units(str(tmp_path), Columns(), unit_rows=10)
+
+
+@pytest.mark.parametrize("columns", [Columns(reference="ref"), Columns(id="key"), Columns(text="de")])
+def test_column_options_on_a_text_file_are_refused_not_ignored(tmp_path, columns) -> None:
+    (tmp_path / "in.txt").write_bytes(b"eins\n")
+    with pytest.raises(InputError, match="a text file has no columns"):
+        plan_units(str(tmp_path / "in.txt"), columns, unit_rows=10)
+
+
+def test_an_output_inside_the_input_directory_is_refused(tmp_path) -> None:
+    write(tmp_path / "a.parquet", 3)
+    for inside in ("out/", "out", "all.txt.parts"):
+        with pytest.raises(InputError, match="is inside the --input directory"):
+            check_apart(str(tmp_path), str(tmp_path / inside))
+    check_apart(str(tmp_path), str(tmp_path.parent / "elsewhere"))
+    check_apart(str(tmp_path / "a.parquet"), str(tmp_path / "out"))  # a file input: its directory may hold output
