@@ -19,11 +19,11 @@ and decodes at the in-process engine's speed, where a Ray Data map worker measur
 from __future__ import annotations
 
 import functools
-from collections import Counter
 import logging
 import math
 import os
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
@@ -289,7 +289,7 @@ def _unreadable_part(unit: WorkUnit, reason: str, signature: str) -> pa.Table:
 
 class UnitsFailed(RuntimeError):
     def __init__(self, failed: dict[str, str], lost: set[str] = frozenset()) -> None:
-        lines = "\n".join(f"  {unit}: {'its decoder died each time, last: ' if unit in lost else ''}{reason}"
+        lines = "\n".join(f"  {unit}: {'lost with its decoder (not bad data): ' if unit in lost else ''}{reason}"
                           for unit, reason in sorted(failed.items()))
         super().__init__(f"{len(failed)} unit(s) failed every attempt; every other unit is committed and "
                          f"rerunning the same command retries only these:\n{lines}")

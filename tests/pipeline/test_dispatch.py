@@ -132,3 +132,9 @@ def test_stalled_actors_and_the_bound_on_waiting_for_any_decoder() -> None:
     assert pool.waited_for_decoders(10.0, work_left=5) == 0.0  # the clock starts now
     assert pool.waited_for_decoders(70.0, work_left=5) == 60.0
     assert pool.waited_for_decoders(80.0, work_left=0) == 0.0  # nothing left: no wait
+
+
+def test_a_failed_unit_lost_with_its_decoder_is_named_as_such() -> None:
+    from pipeline.run import UnitsFailed
+    message = str(UnitsFailed({"u1": "ArrowInvalid: bad page", "u2": "actor died"}, {"u2"}))
+    assert "u1: ArrowInvalid: bad page" in message and "u2: lost with its decoder (not bad data): actor died" in message
