@@ -65,8 +65,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--model", required=True, help="checkpoint directory or fsspec URL")
-    p.add_argument("--input", required=True, help="a text file (a sentence a line), a .parquet file, or a directory / prefix of .parquet and .txt "
-                   "files (local or URL)")
+    p.add_argument("--input", required=True, help="a text file (a sentence a line), a .parquet file, or a "
+                   "directory / prefix of .parquet and .txt files (local or URL)")
     p.add_argument("--output", required=True, help="a directory (ends in '/', exists, or has no extension) or one "
                    "file: .parquet, else text")
     p.add_argument("--beam-size", type=int, default=5, help="beam width (1: greedy)")

@@ -82,7 +82,8 @@ class OutputStore:
             self._put(self._path("_stats", f"{unit}{self.tag}.parquet"), _parquet(stats))
         statuses = dict(Counter(table.column("status").to_pylist()))  # ok, empty, split, ...: summed at the end
         self._put(self._path("_manifest", f"{unit}{self.tag}.json"),
-                  json.dumps({**manifest, "rows": table.num_rows, "statuses": statuses, "plan": self._plan or ""}).encode())
+                  json.dumps({**manifest, "rows": table.num_rows, "statuses": statuses,
+                              "plan": self._plan or ""}).encode())
 
     def prune(self) -> int:
         """Remove parts, stats and markers of other plans (a killed job's late commits); how many."""

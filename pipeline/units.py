@@ -201,8 +201,8 @@ def read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
         if unit.byte_start is None:
             texts = texts[unit.start: unit.stop]
         if len(texts) != len(rows):
-            raise InputError(f"{unit.path}: bytes {unit.byte_start}..{unit.byte_stop} hold {len(texts)} lines where the "
-                             f"plan counted {len(rows)}: the file changed after planning")
+            raise InputError(f"{unit.path}: bytes {unit.byte_start}..{unit.byte_stop} hold {len(texts)} lines where "
+                             f"the plan counted {len(rows)}: the file changed after planning")
         return UnitRows([str(r) for r in rows], rows, texts, None)
     wanted = [c for c in (columns.text, unit.id_column, columns.reference) if c]
     with fsspec.open(unit.path, "rb", **storage_options(unit.path)) as f:
