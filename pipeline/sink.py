@@ -140,7 +140,7 @@ class OutputStore:
         GET after another, at ~20 ms each, takes minutes for the markers of 10^4 units)."""
         for i in range(0, len(paths), batch):
             got = self.fs.cat(paths[i:i + batch], on_error="raise")
-            yield from (got[p] if p in got else got[self.fs._strip_protocol(p)] for p in paths[i:i + batch])
+            yield from (got[p] for p in paths[i:i + batch])  # keyed by the paths given (root-relative)
 
     def read(self) -> pa.Table:
         """Every committed row, in input order (sorted by ``row``): the whole output in memory."""

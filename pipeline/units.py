@@ -197,9 +197,7 @@ def read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
     """The rows of one unit (only the needed columns and row groups of its file are read)."""
     rows = list(range(unit.offset, unit.offset + unit.stop - unit.start))
     if not unit.path.endswith(".parquet"):
-        texts = read_text_lines(unit.path, unit.byte_start, unit.byte_stop)
-        if unit.byte_start is None:
-            texts = texts[unit.start: unit.stop]
+        texts = read_text_lines(unit.path, unit.byte_start, unit.byte_stop)  # its own bytes (plan_units)
         if len(texts) != len(rows):
             raise InputError(f"{unit.path}: bytes {unit.byte_start}..{unit.byte_stop} hold {len(texts)} lines where "
                              f"the plan counted {len(rows)}: the file changed after planning")
