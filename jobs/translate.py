@@ -37,13 +37,15 @@ import torch
 
 from pipeline.actors import DecoderSettings
 from pipeline.dispatch import Health
+from pipeline.errors import JobStopped
+from pipeline.guards import OutputRefused
 from pipeline.driver import DecodersUnavailable, ResourcesUnavailable
 from pipeline.ledger import OutputBusy, PlanMismatch
 from pipeline.model_check import ModelError
 from pipeline.reports import markdown_table
 from pipeline.run import PipelineConfig, UnitsFailed, actor_table, run_pipeline
 from pipeline.shortlists import load_shortlist
-from pipeline.sink import OutputStore, assemble
+from pipeline.sink import OutputStore
 from pipeline.storage import storage_options
 from pipeline.units import Columns, InputError
 from workers.config import FAST_PRUNING, PruningConfig, SearchConfig
@@ -136,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--restart", action="store_true",
                    help="the output was started by another plan (input, model, search, --unit-rows): discard its "
                         "parts and translate afresh instead of refusing")
+    g.add_argument("--lease-ttl", type=float, default=60.0,
+                   help="seconds this job's hold on the output outlives it if it is paused, cut off or killed on "
+                        "another node; a job paused past it has lost the output and stops without writing")
     g.add_argument("--decoder-wait", type=float, default=600.0,
                    help="seconds the job waits with no decoder actor ready (cluster full, GPUs missing, actors "
                         "crashing) before it fails naming the units left; rerunning resumes")
@@ -273,7 +278,8 @@ def pipeline_config(args: argparse.Namespace, cfg: SearchConfig) -> PipelineConf
                           gpus_per_decoder=gpus, skip_corrupt=args.skip_corrupt,
                           restart=args.restart, local_rows=2**62 if args.in_process else args.local_rows,
                           in_process=args.in_process, progress_every_s=args.progress_every,
-                          health=Health(decoder_wait_s=args.decoder_wait, stall_timeout_s=args.stall_timeout))
+                          health=Health(decoder_wait_s=args.decoder_wait, stall_timeout_s=args.stall_timeout),
+                          assemble_to=local_path(args.output) if one_file else None, lease_ttl_s=args.lease_ttl)
 
 
 def local_path(url: str) -> str:
@@ -283,7 +289,7 @@ def local_path(url: str) -> str:
 
 
 JOB_ERRORS = (InputError, ModelError, PlanMismatch, OutputBusy, DecodersUnavailable, UnitsFailed, ResourcesUnavailable,
-              DeviceUnavailable)
+              DeviceUnavailable, JobStopped, OutputRefused)
 
 
 def run(args: argparse.Namespace, cfg: SearchConfig) -> None:
@@ -300,8 +306,6 @@ def run(args: argparse.Namespace, cfg: SearchConfig) -> None:
     except KeyboardInterrupt:
         raise SystemExit("interrupted: every committed unit is kept; rerun the same command to resume") from None
     store = OutputStore(pc.decoder.output)
-    if pc.decoder.output != local_path(args.output):
-        assemble(store, args.output)
     decode = f"decoding {result.decode_tokens_per_second:.0f} target tokens/s per decoder, " if result.stats else ""
     print(f"translated {result.rows} rows in {result.units} units ({result.skipped_units} already committed) "
           f"-> {args.output} in {time.perf_counter() - start:.1f}s end to end, {result.where} ({decode}"

@@ -22,6 +22,7 @@ import pyarrow as pa
 import torch
 
 from pipeline.evaluate import EvalStats, sufficient_stats
+from pipeline.lease import Fence
 from pipeline.metrics import Metrics
 from pipeline.records import EncodedUnit, UnitStats
 from pipeline.sink import OUTPUT_SCHEMA, OutputStore, output_table
@@ -61,6 +62,7 @@ class DecoderSettings:
     device: str = "cpu"  # auto | cpu | cuda | cuda:N (workers/device.py); a Ray GPU actor's "cuda" is its own GPU
     static: StaticStep | None = None  # the one-shape step (a CUDA graph on a GPU); None: the dynamic step
     plan: str | None = None  # the output's plan digest (pipeline/ledger.py): the unit files it commits carry it
+    fence: Fence | None = None  # the job's hold on the output's lease (pipeline/lease.py): every commit passes it
     slice_s: float = 2.0  # stats over time: one slice of the live counters every this many seconds
 
 
@@ -139,7 +141,7 @@ class DecoderWorker:
             self.shortlist = load_shortlist(settings.shortlist, self.translator.checkpoint.tokenizer,
                                             top_m=settings.shortlist_m, top_n=settings.shortlist_n,
                                             special_ids=self.translator.special_target_ids())
-        self.store = OutputStore(settings.output, plan=settings.plan)
+        self.store = OutputStore(settings.output, plan=settings.plan, fence=settings.fence)
         self.actor = f"{socket.gethostname()}:{os.getpid()}"
         self.node = _node_id()
         self.last_done = time.time()

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.actors import DecoderActor, EncoderWorker, unit_to_row
 from pipeline.dispatch import Pool, Verdict
+from pipeline.errors import stopping_cause
 from pipeline.timeline import Board, Progress
 from pipeline.units import WorkUnit
 from workers.device import DeviceUnavailable
@@ -95,9 +96,8 @@ class Driver:
         try:
             while True:
                 now = time.monotonic()
-                if self.lease is not None and self.lease.lost:
-                    from pipeline.ledger import OutputBusy
-                    raise OutputBusy(self.lease.lost)
+                if self.lease is not None:
+                    self.lease.check()  # a lost lease: stop now, write nothing more
                 self._scale()
                 self._probe_down(now)
                 self._restart_stalled(now)
@@ -312,6 +312,8 @@ class Driver:
         try:
             rows = ray.get(ref)
         except ray.exceptions.RayError as e:
+            if stop := stopping_cause(e):  # lease lost, input changed, no space: no attempt can mend it
+                raise stop from None
             reason = _first_line(e)
             self.last_problem = f"{actor}: {reason}"
             logger.warning("decoder %s lost %s: %s", actor, [u.name for u in units] or "an encoded block", reason)

@@ -32,16 +32,20 @@ import pyarrow as pa
 from pipeline.actors import DecoderSettings, DecoderWorker
 from pipeline.dispatch import Health
 from pipeline.driver import DecodersUnavailable, Driver, check_placeable
+from pipeline.errors import JobStopped, stop_for, stopping_cause
 from pipeline.evaluate import EvalStats, Scores, score
-from pipeline.ledger import Lease, PlanMismatch, PlanRecord, file_version, model_files
+from pipeline.guards import check_output
+from pipeline.lease import Lease, LeaseLost
+from pipeline.ledger import PlanMismatch, PlanRecord, file_version, model_files
 from pipeline.model_check import check_model
 from pipeline.records import UnitStats
-from pipeline.sink import OutputStore, output_table
+from pipeline.sink import OutputStore, assemble, output_table
 from pipeline.timeline import Progress
-from pipeline.units import Columns, Plan, WorkUnit, auto_unit_rows, check_apart, plan_units
+from pipeline.units import Columns, Plan, WorkUnit, auto_unit_rows, plan_units
 from workers.device import on_gpu
 
-__all__ = ["DecodersUnavailable", "check_placeable", "PipelineConfig", "PipelineResult", "PlanMismatch", "UnitsFailed", "run_pipeline"]
+__all__ = ["DecodersUnavailable", "check_placeable", "JobStopped", "PipelineConfig", "PipelineResult", "PlanMismatch",
+           "UnitsFailed", "run_pipeline"]
 logger = logging.getLogger(__name__)
 _AWS_VARS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
              "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION")
@@ -65,6 +69,8 @@ class PipelineConfig:
     local_rows: int = 1000  # no cluster address and at most this many rows: decode in this process (0: never)
     in_process: bool = False  # always decode in this process (no Ray)
     health: Health = field(default_factory=Health)
+    assemble_to: str | None = None  # one file assembled from the parts, under the lease, before it is released
+    lease_ttl_s: float = 60.0  # how long a paused or cut-off job keeps the output before another may take it
 
 
 @dataclass
@@ -165,15 +171,27 @@ def run_pipeline(cfg: PipelineConfig) -> PipelineResult:
     is committed) if some units failed every attempt.
     """
     check_model(cfg.decoder.model)
-    check_apart(cfg.input, cfg.decoder.output)
+    check_output(cfg.input, cfg.decoder.output, cfg.assemble_to)
     plan: Plan = plan_units(cfg.input, cfg.columns, _unit_rows(cfg), skip_corrupt=cfg.skip_corrupt)
     record = plan_record(cfg, plan)
-    store = OutputStore(cfg.decoder.output, plan=record.digest)
-    lease = Lease(store.fs, store.root)
-    lease.acquire()
+    probe = OutputStore(cfg.decoder.output)
+    lease = Lease(probe.fs, probe.root, ttl_s=cfg.lease_ttl_s, url=probe.url)
+    try:
+        lease.acquire()
+    except OSError as e:
+        raise stop_for(e, f"taking the output lease in {probe.url}") or e from None
+    store = OutputStore(cfg.decoder.output, plan=record.digest, fence=lease.fence)
     try:
         claim(store, record, cfg.restart)
-        return _run(replace(cfg, decoder=replace(cfg.decoder, plan=record.digest)), plan, store, lease)
+        result = _run(replace(cfg, decoder=replace(cfg.decoder, plan=record.digest, fence=lease.fence)), plan,
+                      store, lease)
+        if cfg.assemble_to:
+            assemble(store, cfg.assemble_to)
+        return result
+    except Exception as e:
+        if isinstance(stopping_cause(e), LeaseLost) or lease.lost:  # say the lease, not what it broke
+            raise LeaseLost(lease.lost or str(stopping_cause(e))) from None
+        raise
     finally:
         lease.release()
 
@@ -190,7 +208,7 @@ def _run(cfg: PipelineConfig, plan: Plan, store: OutputStore, lease: Lease) -> P
     elif _local(cfg, plan):
         result.where = "in-process"
         logger.info("small job (%d rows, no cluster address): decoding in this process", plan.rows)
-        _decode_here(cfg, result, store, todo)
+        _decode_here(cfg, result, store, todo, lease)
     else:
         _decode_on_ray(cfg, result, store, todo, start, lease)
     result.seconds = time.perf_counter() - start
@@ -210,6 +228,11 @@ def _run(cfg: PipelineConfig, plan: Plan, store: OutputStore, lease: Lease) -> P
     if present != plan.rows:  # never a _SUCCESS over missing rows
         raise RuntimeError(f"{store.url}: committed parts hold {present} rows, the plan has {plan.rows}; not marking "
                            f"success (rerun to retry, or --restart to start afresh)")
+    lease.check()
+    if (recorded := store.read_plan()) is None or recorded.digest != cfg.decoder.plan:
+        raise LeaseLost(f"{store.url}: its plan record changed under this job (now "
+                        f"{recorded.digest if recorded else 'none'}, this job's {cfg.decoder.plan}): another job "
+                        f"wrote this output; this job removes nothing and writes no _SUCCESS")
     if pruned := store.prune():
         logger.warning("removed %d file(s) of another plan (late commits of a killed job)", pruned)
     result.scores = _evaluate(store) if cfg.decoder.evaluate else None
@@ -219,6 +242,7 @@ def _run(cfg: PipelineConfig, plan: Plan, store: OutputStore, lease: Lease) -> P
                          "skipped_files": [list(x) for x in plan.skipped_files], "unreadable_units": unreadable,
                          "rows_by_status": result.statuses,
                          "signature": cfg.decoder.signature, "plan": cfg.decoder.plan,
+                         "lease_generation": lease.generation,
                          "scores": str(result.scores) if result.scores else None})
     return result
 
@@ -233,7 +257,8 @@ def _local(cfg: PipelineConfig, plan: Plan) -> bool:
     return not ray.is_initialized() and not os.environ.get("RAY_ADDRESS") and not os.environ.get("RAY_JOB_ID")
 
 
-def _decode_here(cfg: PipelineConfig, result: PipelineResult, store: OutputStore, todo: list[WorkUnit]) -> None:
+def _decode_here(cfg: PipelineConfig, result: PipelineResult, store: OutputStore, todo: list[WorkUnit],
+                 lease: Lease) -> None:
     """The decoder actor's code, run in this process: each unit committed as the actors commit it."""
     cfg = replace(cfg, decoder=replace(cfg.decoder, threads=cfg.decoder.threads or os.cpu_count() or 1))
     progress, start, last = Progress(sum(u.stop - u.start for u in todo), cfg.decoder.slice_s), time.perf_counter(), [0.0]
@@ -247,12 +272,17 @@ def _decode_here(cfg: PipelineConfig, result: PipelineResult, store: OutputStore
     worker = DecoderWorker(cfg.decoder, cfg.columns, report=report)
     for unit in todo:
         for attempt in range(1, cfg.max_attempts + 1):
+            lease.check()
             try:
                 rows = worker.decode([unit])
             except Exception as e:  # noqa: BLE001 - an unreadable unit: retried, then reported by name
+                if stop := stopping_cause(e) or stop_for(e, f"decoding unit {unit.name}"):
+                    raise stop from None  # lease lost, input changed, no space: no attempt can mend it
                 logger.warning("unit %s failed (attempt %d): %s", unit.name, attempt, e)
                 if attempt == cfg.max_attempts:
                     result.failed[unit.name] = f"{type(e).__name__}: {e}"
+                else:
+                    time.sleep(min(0.5 * 2 ** (attempt - 1), 8.0))
                 continue
             result.stats += rows
             result.target_tokens += sum(r.target_tokens for r in rows)

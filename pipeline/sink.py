@@ -23,6 +23,7 @@ e.g. distillation's, kept after them), so parts from different files always conc
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from typing import Iterator
@@ -31,8 +32,10 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.ledger import LEASE, PLAN, PlanRecord
-from pipeline.storage import open_whole, put_whole, storage_options
+from pipeline.errors import stop_for
+from pipeline.lease import LEASE, LOCK, Fence
+from pipeline.ledger import PLAN, PlanRecord
+from pipeline.storage import open_whole, put_whole, retrying, storage_options
 
 OUTPUT_SCHEMA = pa.schema([
     ("id", pa.string()),
@@ -48,12 +51,26 @@ OUTPUT_SCHEMA = pa.schema([
 
 
 class OutputStore:
-    """The committed units of one plan under ``url`` (``plan``: its digest; None: the recorded plan's)."""
+    """The committed units of one plan under ``url`` (``plan``: its digest; None: the recorded plan's).
 
-    def __init__(self, url: str, plan: str | None = None) -> None:
+    Given the job's ``fence`` (``pipeline/lease.py``), every write and deletion is made only while
+    the job holds the output's lease; one that no longer does raises ``LeaseLost`` and writes nothing.
+    A transient storage error is retried with back-off; no space or no permission stops the job
+    (``StorageFull``) without a retry."""
+
+    def __init__(self, url: str, plan: str | None = None, fence: Fence | None = None) -> None:
         self.url = url.rstrip("/")
         self.fs, self.root = fsspec.core.url_to_fs(self.url, **storage_options(self.url))
         self._plan = plan
+        self.fence = fence
+
+    def guard(self):
+        """The context every write's last step and every deletion runs in (the fence, if any)."""
+        return self.fence.guard(self.fs) if self.fence is not None else contextlib.nullcontext()
+
+    def _rm(self, path: str, recursive: bool = False) -> None:
+        with self.guard():
+            self.fs.rm(path, recursive=recursive)
 
     @property
     def tag(self) -> str:
@@ -96,12 +113,17 @@ class OutputStore:
             for p in self.fs.ls(path, detail=False):
                 name = p.rsplit("/", 1)[-1]
                 if name.startswith(prefix) and name.endswith(suffix) and not name.endswith(f"{self.tag}{suffix}"):
-                    self.fs.rm(p)
+                    self._rm(p)
                     gone += 1
         return gone
 
     def _put(self, path: str, data: bytes) -> None:
-        put_whole(self.fs, path, data)
+        try:
+            retrying(lambda: put_whole(self.fs, path, data, self.guard), f"writing {path}")
+        except OSError as e:
+            if stop := stop_for(e, f"writing {path}"):
+                raise stop from None
+            raise
 
     def read_plan(self) -> PlanRecord | None:
         try:
@@ -126,10 +148,10 @@ class OutputStore:
         for p in self.fs.ls(self.root, detail=False):
             name = p.rsplit("/", 1)[-1]
             if name in ("_manifest", "_stats", "distilled"):
-                self.fs.rm(p, recursive=True)
+                self._rm(p, recursive=True)
             elif name in (PLAN, "_SUCCESS") or (name.startswith("part-") and name.endswith(".parquet")) \
-                    or name.endswith(".tmp") and name != LEASE:
-                self.fs.rm(p)
+                    or name.endswith(".tmp") and name not in (LEASE, LOCK):
+                self._rm(p)
 
     def manifests(self) -> list[dict]:
         return [json.loads(data) for data in self._cat([self._path("_manifest", f"{u}{self.tag}.json")
@@ -224,17 +246,23 @@ def _parquet(table: pa.Table) -> bytes:
 def assemble(store: OutputStore, url: str) -> None:
     """One file from the committed parts, a part at a time (an output of 10^8 rows never sits in
     memory), written whole or not at all: ``.parquet`` (every column), else text (a translation a
-    line, in input order)."""
+    line, in input order). Its rename (or upload) into place passes the store's fence; no space
+    left stops the job (``StorageFull``) with nothing partial left, and a rerun assembles."""
     fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
-    with open_whole(fs, path) as f:
-        if url.endswith(".parquet"):
-            schema = store.schema()
-            with pq.ParquetWriter(f, schema) as writer:
-                for part in store.parts():
-                    writer.write_table(_widened(part, schema))
-            return
-        for part in store.parts(["row", "translation"]):
-            f.write("".join(t.replace("\n", " ") + "\n" for t in part.column("translation").to_pylist()).encode())
+    try:
+        with open_whole(fs, path, store.guard) as f:
+            if url.endswith(".parquet"):
+                schema = store.schema()
+                with pq.ParquetWriter(f, schema) as writer:
+                    for part in store.parts():
+                        writer.write_table(_widened(part, schema))
+                return
+            for part in store.parts(["row", "translation"]):
+                f.write("".join(t.replace("\n", " ") + "\n" for t in part.column("translation").to_pylist()).encode())
+    except OSError as e:
+        if stop := stop_for(e, f"assembling {url}"):
+            raise stop from None
+        raise
 
 
 def _widened(part: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -5,12 +5,18 @@ S3 endpoint, credentials and region come from the usual AWS environment variable
 """
 from __future__ import annotations
 
+import logging
 import os
+import time
 import uuid
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import IO, Callable, Iterator
 
 import fsspec
+
+from pipeline.errors import JobStopped, deterministic
+
+Guard = Callable[[], AbstractContextManager]  # held around the step that makes a write visible (fencing)
 
 
 def storage_options(url: str) -> dict:
@@ -44,44 +50,67 @@ def write_text(url: str, text: str) -> None:
         f.write(text)
 
 
-def _on_disk(fs) -> bool:
+def on_disk(fs) -> bool:
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 
 
 @contextmanager
-def open_whole(fs, path: str) -> Iterator[IO[bytes]]:
+def open_whole(fs, path: str, guard: Guard = nullcontext) -> Iterator[IO[bytes]]:
     """A file streamed in that a reader sees complete or not at all, even if the writer fails or is
     killed part way: on local disk a temporary name renamed into place at the end, on object stores
-    an upload committed only when the block ends without an error (aborted on one)."""
+    an upload committed only when the block ends without an error (aborted on one). The step that
+    makes it visible (the rename, the upload's completion) runs inside ``guard()``."""
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    if _on_disk(fs):
+    if on_disk(fs):
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"
         try:
             with fs.open(tmp, "wb") as f:
                 yield f
+            with guard():
+                fs.mv(tmp, path)
         except BaseException:
             if fs.exists(tmp):
                 fs.rm(tmp)
             raise
-        fs.mv(tmp, path)
         return
     f = fs.open(path, "wb", autocommit=False)
     try:
         yield f
+        f.close()
     except BaseException:
         f.discard()
         raise
-    f.close()
-    f.commit()
+    with guard():
+        f.commit()
 
 
-def put_whole(fs, path: str, data: bytes) -> None:
+def put_whole(fs, path: str, data: bytes, guard: Guard = nullcontext) -> None:
     """Write one whole file that a reader sees complete or not at all: a single PUT on object stores,
-    a temporary name then an atomic rename on local disk (never truncated and rewritten in place)."""
-    if _on_disk(fs):
-        with open_whole(fs, path) as f:
+    a temporary name then an atomic rename on local disk (never truncated and rewritten in place);
+    the PUT or the rename inside ``guard()``."""
+    if on_disk(fs):
+        with open_whole(fs, path, guard) as f:
             f.write(data)
         return
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    with fs.open(path, "wb") as f:
-        f.write(data)
+    with guard():
+        fs.pipe_file(path, data)
+
+
+def retrying(action: Callable[[], object], what: str, attempts: int = 4, first_wait_s: float = 0.5) -> object:
+    """``action()``, tried again after 0.5, 1, 2 s on a transient storage error (a dropped connection,
+    a throttled request, a 5xx): the decoded rows are written again, not decoded again. A
+    deterministic error (no space, permission) or a stopped job is raised at once."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return action()
+        except JobStopped:
+            raise
+        except Exception as e:  # noqa: BLE001 - sorted below
+            if deterministic(e) or attempt == attempts or not isinstance(e, (OSError, TimeoutError, ConnectionError)) \
+                    or isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+                raise
+            wait = first_wait_s * 2 ** (attempt - 1)
+            logging.getLogger(__name__).warning("%s failed (%s: %s): again in %.1fs", what, type(e).__name__, e, wait)
+            time.sleep(wait)
+    raise AssertionError("unreachable")

@@ -1,0 +1,89 @@
+"""Output paths refused before any work: a job never writes over, into or around what it reads,
+never scatters its files over a filesystem root or the current directory, and says in one line
+when it cannot write where it was asked to.
+
+    check_output(input, parts, final)   # parts: the directory of parts; final: the assembled file, if any
+
+Local paths are compared resolved (symlinks, ``..``, relative to the working directory); URLs of
+object stores by bucket and key.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+
+import fsspec
+
+from pipeline.storage import on_disk, storage_options
+
+
+class OutputRefused(ValueError):
+    """``--output`` names a place this job must not write; raised before any work."""
+
+
+def _resolved(url: str) -> tuple[str, str, object]:
+    """(protocol, normalised path, filesystem) of ``url``."""
+    fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
+    if on_disk(fs):
+        return "file", os.path.realpath(path), fs
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol, path.strip("/"), fs
+
+
+def _within(inner: str, outer: str) -> bool:
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+
+def output_problems(input_url: str, output_url: str) -> list[str]:
+    """What is wrong with writing ``output_url`` for a job reading ``input_url`` (none: empty)."""
+    proto_in, inp, fs_in = _resolved(input_url)
+    proto_out, out, _ = _resolved(output_url)
+    problems = []
+    if proto_out == "file" and (out == os.path.dirname(out) or out == os.path.realpath(os.getcwd())
+                                or out == os.path.realpath(os.path.expanduser("~"))):
+        where = "a filesystem root" if out == os.path.dirname(out) else "the current directory" \
+            if out == os.path.realpath(os.getcwd()) else "the home directory"
+        problems.append(f"--output {output_url} is {where}: the job's parts, markers and (with --restart) their "
+                        f"removal would land among files it does not own; name a directory of its own")
+    elif proto_out != "file" and "/" not in out:
+        problems.append(f"--output {output_url} is a bucket's root: name a prefix of its own (e.g. "
+                        f"{output_url.rstrip('/')}/translations/)")
+    if proto_in == proto_out:
+        if inp == out:
+            problems.append(f"--output {output_url} is the --input itself: the job would overwrite what it reads")
+        elif _within(out, inp) and fs_in.isdir(inp if proto_in == "file" else input_url):
+            problems.append(f"--output {output_url} is inside the --input directory {input_url}: its parts would "
+                            f"be read as input; write the output elsewhere")
+        elif _within(inp, out):
+            problems.append(f"--output {output_url} contains the --input {input_url}: the job would write among "
+                            f"(and --restart would clear) the files it reads; write the output elsewhere")
+    return problems
+
+
+def check_output(input_url: str, parts_url: str, final_url: str | None = None) -> None:
+    """Raise ``OutputRefused`` (one message, every problem) unless this job may write ``parts_url``
+    (and assemble ``final_url``); on local disk also that it can create files there."""
+    problems = output_problems(input_url, parts_url)
+    if final_url is not None:
+        problems += [p for p in output_problems(input_url, final_url) if p not in problems]
+    if problems:
+        raise OutputRefused("; ".join(problems))
+    for url in (parts_url,) + ((final_url.rsplit("/", 1)[0] or "/",) if final_url and "/" in final_url else ()):
+        if problem := _unwritable(url):
+            raise OutputRefused(problem)
+
+
+def _unwritable(url: str) -> str | None:
+    """Why a file cannot be created in the directory ``url`` (local disk; None: it can, or a store)."""
+    fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
+    if not on_disk(fs):
+        return None  # an object store answers the lease's first write; its refusal is reported there
+    probe = os.path.join(path, f"_WRITABLE-{uuid.uuid4().hex}.tmp")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with open(probe, "wb"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        return f"cannot write --output {url}: {e.strerror or e} (errno {e.errno}); choose a writable place"
+    return None
