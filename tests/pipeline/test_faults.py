@@ -172,7 +172,34 @@ def test_second_job_on_the_same_output_is_refused_while_the_first_runs(cluster, 
         if proc.poll() is None:
             proc.kill()
     assert_exactly_once(str(out), [f"r{i:04d}" for i in range(400)])
-    assert not (out / "_LEASE.json").exists()  # released
+    assert json.loads((out / "_LEASE.json").read_text())["released"]  # released (kept: the next generation follows)
+
+
+def test_a_paused_ray_job_that_lost_its_lease_stops_and_its_actors_write_nothing(cluster, demo_model_dir, tmp_path):
+    """The driver paused (SIGSTOP) past its lease while its decoder actor decodes on: the actor's commits
+    are refused from the lease's expiry, a second job takes the output over and completes, and the
+    first, resumed, stops with one line and leaves the second's output as it was."""
+    src = write_corpus(tmp_path / "in.parquet", clean_corpus(300))
+    out = tmp_path / "out"
+    log = tmp_path / "a.log"
+    a = spawn_driver(cluster, job(demo_model_dir, src, out, "--unit-rows", "10", "--lease-ttl", "4", "--decoders", "1",
+                                  "--beam-size", "3"), log)
+    try:
+        wait_for_commits(str(out), 1, a)
+        os.kill(a.pid, signal.SIGSTOP)
+        time.sleep(max(json.loads((out / "_LEASE.json").read_text())["expires"] - time.time(), 0) + 0.5)
+        main(job(demo_model_dir, src, out, "--unit-rows", "10", "--in-process", "--beam-size", "3"))
+        after_b = {p.name: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != "_LEASE.json"}
+        time.sleep(3)  # A's actor, still decoding, tries to commit: refused
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+    assert a.wait(timeout=120) != 0
+    text = log.read_text()
+    assert re.search(r"error: the output lease of .* (lost to|expired at) .* wrote nothing after", text), text
+    assert {p.name: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != "_LEASE.json"} == after_b
+    lease = json.loads((out / "_LEASE.json").read_text())
+    assert lease["generation"] == 2 and lease["released"]
+    assert_exactly_once(str(out), [f"r{i:04d}" for i in range(300)])
 
 
 def test_mixed_id_types_across_files_assemble_as_strings(cluster, demo_model_dir, tmp_path):
@@ -287,7 +314,7 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(cluster, demo_model_dir, tmp_p
     log = (tmp_path / "driver.log").read_text()
     assert "interrupted: every committed unit is kept; rerun the same command to resume" in log
     assert "Traceback" not in log
-    assert not (out / "_LEASE.json").exists()  # released on the way out
+    assert json.loads((out / "_LEASE.json").read_text())["released"]  # released on the way out
     capsys.readouterr()
     main(args)
     assert int(re.search(r"\((\d+) already committed\)", capsys.readouterr().out).group(1)) >= 1
