@@ -183,3 +183,32 @@ def test_a_paused_job_whose_lease_expired_stops_and_a_rerun_resumes(demo_model_d
     log = rerun.communicate(timeout=300)[0]
     assert rerun.returncode == 0, log
     assert len(out.read_text(encoding="utf-8").splitlines()) == 400
+
+
+def test_a_paused_job_that_lost_its_s3_lease_leaves_the_new_owners_output_alone(demo_model_dir, corpus, s3) -> None:
+    out = "s3://corpus-bucket/out/"
+
+    def listing() -> dict[str, str]:
+        s3.invalidate_cache()
+        return {p: s3.info(p)["ETag"] for p in s3.find("corpus-bucket/out") if not p.endswith(LEASE)}
+
+    a = translate(demo_model_dir, corpus, out, "--unit-rows", "40")
+    try:
+        deadline = time.time() + 180
+        while not s3.find("corpus-bucket/out/_manifest"):
+            assert a.poll() is None and time.time() < deadline, a.communicate()[0]
+            s3.invalidate_cache()
+            time.sleep(0.1)
+        os.kill(a.pid, signal.SIGSTOP)
+        lease = json.loads(s3.cat_file(f"corpus-bucket/out/{LEASE}"))
+        time.sleep(max(lease["expires"] - time.time(), 0) + 0.5)
+        b = translate(demo_model_dir, corpus, out, "--unit-rows", "40")
+        b_log = b.communicate(timeout=300)[0]
+        assert b.returncode == 0, b_log
+        after_b = listing()
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+    a_log = a.communicate(timeout=120)[0]
+    assert a.returncode != 0 and "lost to" in a_log and "wrote nothing after" in a_log, a_log
+    assert listing() == after_b
+    assert json.loads(s3.cat_file(f"corpus-bucket/out/{LEASE}"))["generation"] == 2
