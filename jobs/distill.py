@@ -17,10 +17,9 @@ import dataclasses
 import json
 import logging
 
-from jobs.translate import build_parser, pipeline_config, search_config
+from jobs.translate import JOB_ERRORS, build_parser, pipeline_config, search_config
 from pipeline.distill import Filters, write_distilled
-from pipeline.run import UnitsFailed, run_pipeline
-from pipeline.sink import OutputStore
+from pipeline.run import run_pipeline
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -42,11 +41,13 @@ def main(argv: list[str] | None = None) -> dict:
     pc = pipeline_config(args, search_config(args))
     pc = dataclasses.replace(pc, decoder=dataclasses.replace(
         pc.decoder, token_logprobs=args.token_logprobs, keep_reference=bool(args.target_column)))
-    try:
-        result = run_pipeline(pc)
-    except UnitsFailed as e:
-        raise SystemExit(f"error: {e}") from e
-    summary = write_distilled(OutputStore(pc.decoder.output), Filters(args.max_length_ratio, args.min_score))
+    summaries = []
+    try:  # the distilled files are written under the output's lease, like every other file of the job
+        result = run_pipeline(pc, finish=lambda store: summaries.append(
+            write_distilled(store, Filters(args.max_length_ratio, args.min_score))))
+    except JOB_ERRORS as e:
+        raise SystemExit(f"error: {e}") from None
+    summary = summaries[0]
     print(f"distilled {result.rows} rows in {result.seconds:.1f}s ({result.tokens_per_second:.0f} target tokens/s) "
           f"-> {args.output}/distilled: {json.dumps(summary)}")
     return summary

@@ -162,7 +162,7 @@ def _unit_rows(cfg: PipelineConfig) -> int | Callable[[int], int]:
     return functools.partial(auto_unit_rows, gpu=on_gpu(cfg.decoder.device, cfg.gpus_per_decoder))
 
 
-def run_pipeline(cfg: PipelineConfig) -> PipelineResult:
+def run_pipeline(cfg: PipelineConfig, finish: Callable[[OutputStore], object] | None = None) -> PipelineResult:
     """Translate ``cfg.input`` into ``cfg.decoder.output``; resumes a partial output of the same plan.
 
     Raises ``ModelError`` / ``InputError`` before anything starts, ``OutputBusy`` if another job holds
@@ -187,6 +187,8 @@ def run_pipeline(cfg: PipelineConfig) -> PipelineResult:
                       store, lease)
         if cfg.assemble_to:
             assemble(store, cfg.assemble_to)
+        if finish is not None:  # files derived from the output (e.g. distillation's), written under the lease
+            finish(store)
         return result
     except Exception as e:
         if isinstance(stopping_cause(e), LeaseLost) or lease.lost:  # say the lease, not what it broke
