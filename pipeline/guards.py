@@ -60,12 +60,16 @@ def output_problems(input_url: str, output_url: str) -> list[str]:
     return problems
 
 
-def check_output(input_url: str, parts_url: str, final_url: str | None = None) -> None:
+def check_output(input_url: str, parts_url: str, final_url: str | None = None, model_url: str | None = None) -> None:
     """Raise ``OutputRefused`` (one message, every problem) unless this job may write ``parts_url``
-    (and assemble ``final_url``); on local disk also that it can create files there."""
-    problems = output_problems(input_url, parts_url)
-    if final_url is not None:
-        problems += [p for p in output_problems(input_url, final_url) if p not in problems]
+    (and assemble ``final_url``) apart from its input and model; on local disk also that it can
+    create files there."""
+    problems = []
+    for url in (parts_url, final_url) if final_url is not None else (parts_url,):
+        problems += [p for p in output_problems(input_url, url) if p not in problems]
+        if model_url is not None:
+            problems += [p.replace("--input", "--model") for p in output_problems(model_url, url)[-1:]
+                         if "--input" in p and p.replace("--input", "--model") not in problems]
     if problems:
         raise OutputRefused("; ".join(problems))
     for url in (parts_url,) + ((final_url.rsplit("/", 1)[0] or "/",) if final_url and "/" in final_url else ()):

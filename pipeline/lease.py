@@ -95,8 +95,8 @@ def read_lease(fs, path: str, etag: bool = True) -> tuple[dict | None, str | Non
         return json.loads(fs.cat_file(path)), etag
     except FileNotFoundError:
         return None, None
-    except ValueError:  # a torn or foreign file: held by nobody we know, until it expires
-        return {"token": "?", "generation": 0, "expires": time.time() + 60, "host": "?", "pid": 0}, None
+    except ValueError:  # not raymt's (its writes are whole): held by nobody, free to take
+        return {"token": "?", "generation": 0, "expires": 0, "host": "?", "pid": 0}, None
 
 
 @dataclass(frozen=True, slots=True)

@@ -171,7 +171,7 @@ def run_pipeline(cfg: PipelineConfig, finish: Callable[[OutputStore], object] | 
     is committed) if some units failed every attempt.
     """
     check_model(cfg.decoder.model)
-    check_output(cfg.input, cfg.decoder.output, cfg.assemble_to)
+    check_output(cfg.input, cfg.decoder.output, cfg.assemble_to, cfg.decoder.model)
     plan: Plan = plan_units(cfg.input, cfg.columns, _unit_rows(cfg), skip_corrupt=cfg.skip_corrupt)
     record = plan_record(cfg, plan)
     probe = OutputStore(cfg.decoder.output)

@@ -140,3 +140,10 @@ print('rows', t.num_rows, len(set(t.column('row').to_pylist())))" """)
     left = next(x for x in out_text.splitlines() if x.startswith("left: "))
     assert not [n for n in left.split() if n.endswith(".tmp")], left
     assert "second=0" in out_text and "rows 160 160" in out_text, out_text + err
+
+
+def test_an_output_in_or_around_the_model_directory_is_refused(demo_model_dir, tmp_path) -> None:
+    with pytest.raises(OutputRefused, match="inside the --model directory"):
+        check_output(str(SAMPLE), str(demo_model_dir / "out"), model_url=str(demo_model_dir))
+    with pytest.raises(OutputRefused, match="contains the --model"):
+        check_output(str(SAMPLE), str(demo_model_dir.parent), model_url=str(demo_model_dir))
