@@ -80,6 +80,7 @@ class Driver:
         self.probes: dict[object, str] = {}  # setup() ref -> actor
         self.in_flight: dict[object, tuple[str, int, list[WorkUnit]]] = {}  # ref -> (actor, incarnation, raw units)
         self.retry: deque[WorkUnit] = deque()
+        self.not_before: dict[str, float] = {}  # a failed unit's next attempt waits (back-off: 0.5 s doubling to 8 s)
         self.finished_units = 0
         self.created = self.start_failures = 0
         self.last_problem = ""
@@ -102,7 +103,8 @@ class Driver:
                 self._probe_down(now)
                 self._restart_stalled(now)
                 while (actor := self.pool.next_actor()) is not None:  # retries first, then the stream
-                    item = [self.retry.popleft()] if self.retry else None if drained else feed.next()
+                    due = self.retry and self.not_before.get(self.retry[0].name, 0.0) <= now
+                    item = [self.retry.popleft()] if due else None if drained else feed.next()
                     if item is DRAINED:
                         drained = True
                         if feed.error:
@@ -318,7 +320,10 @@ class Driver:
             self.last_problem = f"{actor}: {reason}"
             logger.warning("decoder %s lost %s: %s", actor, [u.name for u in units] or "an encoded block", reason)
             lost = not isinstance(e, ray.exceptions.RayTaskError)  # the actor died: not the unit's own error
-            self.retry.extend(u for u in units if self.pool.failed_attempt(u.name, reason, lost))
+            for u in units:
+                if self.pool.failed_attempt(u.name, reason, lost):
+                    self.retry.append(u)
+                    self.not_before[u.name] = now + min(0.5 * 2 ** (self.pool.attempts[u.name] - 1), 8.0)
             self.finished_units += sum(u.name in self.pool.failed for u in units)
             if isinstance(e, ray.exceptions.RayActorError) and self.pool.died(actor, incarnation, now):
                 logger.warning("decoder %s died (%d so far): probing it until Ray has restarted it", actor,
