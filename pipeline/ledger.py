@@ -32,6 +32,7 @@ class PlanMismatch(RuntimeError):
 def file_version(url: str) -> dict:
     """Path, size and version (mtime, or the object's ETag) of one file; cheap (metadata only)."""
     fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
+    fs.invalidate_cache(path)  # object-store listings are cached: the version must be read now
     info = fs.info(path)
     version = info.get("ETag") or info.get("mtime") or info.get("LastModified") or info.get("last_modified") or ""
     return {"path": url, "size": int(info.get("size") or 0), "version": str(version)}

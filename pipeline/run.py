@@ -126,7 +126,7 @@ def _decoder_pool(cfg: PipelineConfig, cluster_cpus: float, cluster_gpus: float)
 
 def plan_record(cfg: PipelineConfig, plan: Plan) -> PlanRecord:
     model = model_files(cfg.decoder.model) + ([file_version(cfg.decoder.shortlist)] if cfg.decoder.shortlist else [])
-    return PlanRecord(inputs=tuple(file_version(p) for p in plan.files), columns=asdict(cfg.columns),
+    return PlanRecord(inputs=plan.versions, columns=asdict(cfg.columns),  # the versions the units are pinned to
                       unit_rows=plan.unit_rows, units=len(plan.units), rows=plan.rows,
                       signature=cfg.decoder.signature, model=tuple(model))
 

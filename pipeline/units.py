@@ -26,6 +26,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.errors import JobStopped
+from pipeline.ledger import file_version
+from pipeline.sniff import HEAD_BYTES, UTF8_BOM, refusal
 from pipeline.storage import storage_options
 
 logger = logging.getLogger(__name__)
@@ -40,6 +43,10 @@ class InputError(ValueError):
 
 class CorruptInput(InputError):
     """A Parquet file whose footer cannot be read."""
+
+
+class InputChanged(InputError, JobStopped):
+    """An input file is not what the plan recorded: translating on would mix old and new text."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +66,8 @@ class WorkUnit:
     id_column: str | None  # resolved: the id column to read, or None for row numbers
     byte_start: int | None = None  # text files: the byte range of rows ``start:stop`` (read alone)
     byte_stop: int | None = None
+    size: int | None = None  # the file's size and version (mtime or ETag) when planned: checked at every read
+    version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +77,7 @@ class Plan:
     skipped_files: tuple[tuple[str, str], ...] = ()  # (path, reason) of corrupt files skipped
     files: tuple[str, ...] = ()  # every input file, in order (zero-row and skipped ones too)
     unit_rows: int = 0  # rows per unit it was cut into
+    versions: tuple[dict, ...] = ()  # ``file_version`` of every file, as planned (the plan record's)
 
 
 def list_inputs(url: str) -> list[str]:
@@ -123,11 +133,14 @@ def plan_units(url: str, columns: Columns, unit_rows: int | Callable[[int], int]
     files = list_inputs(url)
     found, skipped = [], []  # (file index, path, rows, id column, byte offsets of unit starts or None)
     known = None if callable(unit_rows) else unit_rows  # text files are cut as they are counted when known
+    versions = [file_version(path) for path in files]  # before reading: a file changed meanwhile is refused below
     for index, path in enumerate(files):
         if not path.endswith(".parquet"):
             if columns.id is not None or columns.reference is not None or columns.text != "text":
                 raise InputError(f"{path}: a text file has no columns, so --text-column, --id-column and "
                                  f"--reference-column do not apply (rows are numbered); use a Parquet input")
+            if reason := refusal(path, _head(path)):
+                raise InputError(reason)
             rows, starts = text_layout(path, known)
             found.append((index, path, rows, None, starts))
             continue
@@ -149,12 +162,33 @@ def plan_units(url: str, columns: Columns, unit_rows: int | Callable[[int], int]
     for index, path, rows, id_column, starts in found:
         if not path.endswith(".parquet") and known is None:
             starts = text_layout(path, size)[1]  # a second pass: the size depended on every file's rows
+        pin = versions[index]
         for k, start in enumerate(range(0, rows, size)):
             stop = min(start + size, rows)
             span = (starts[k], starts[k + 1]) if starts is not None else (None, None)
-            units.append(WorkUnit(f"{index:05d}-{start:010d}", path, start, stop, offset + start, id_column, *span))
+            units.append(WorkUnit(f"{index:05d}-{start:010d}", path, start, stop, offset + start, id_column, *span,
+                                  size=pin["size"], version=pin["version"]))
         offset += rows
-    return Plan(tuple(units), offset, tuple(skipped), tuple(files), unit_rows=size)
+    for before, path in zip(versions, files):
+        check_pinned(path, before["size"], before["version"], "while it was being planned")
+    return Plan(tuple(units), offset, tuple(skipped), tuple(files), unit_rows=size, versions=tuple(versions))
+
+
+def _head(path: str) -> bytes:
+    with fsspec.open(path, "rb", **storage_options(path)) as f:
+        return f.read(HEAD_BYTES)
+
+
+def check_pinned(path: str, size: int | None, version: str | None, when: str = "since the job planned it") -> None:
+    """Raise ``InputChanged`` unless the file at ``path`` still has the size and version the plan
+    recorded (one metadata call; nothing to check for a unit planned without them)."""
+    if size is None:
+        return
+    now = file_version(path)
+    if (now["size"], now["version"]) != (size, version):
+        raise InputChanged(f"input {path} changed {when} (size {size} -> {now['size']}, version {version} -> "
+                           f"{now['version']}): translating on would mix old and new text. Restore the file, or rerun "
+                           f"with --restart to translate the new input afresh")
 
 
 def _footer(path: str) -> tuple[pa.Schema, int]:
@@ -195,12 +229,19 @@ class UnitRows:
 
 def read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
     """The rows of one unit (only the needed columns and row groups of its file are read)."""
+    check_pinned(unit.path, unit.size, unit.version)
+    got = _read_unit(unit, columns)
+    check_pinned(unit.path, unit.size, unit.version, "while a unit was read from it")  # rewritten during the read
+    return got
+
+
+def _read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
     rows = list(range(unit.offset, unit.offset + unit.stop - unit.start))
     if not unit.path.endswith(".parquet"):
         texts = read_text_lines(unit.path, unit.byte_start, unit.byte_stop)  # its own bytes (plan_units)
         if len(texts) != len(rows):
-            raise InputError(f"{unit.path}: bytes {unit.byte_start}..{unit.byte_stop} hold {len(texts)} lines where "
-                             f"the plan counted {len(rows)}: the file changed after planning")
+            raise InputChanged(f"{unit.path}: bytes {unit.byte_start}..{unit.byte_stop} hold {len(texts)} lines where "
+                               f"the plan counted {len(rows)}: the file changed after planning")
         return UnitRows([str(r) for r in rows], rows, texts, None)
     wanted = [c for c in (columns.text, unit.id_column, columns.reference) if c]
     with fsspec.open(unit.path, "rb", **storage_options(unit.path)) as f:
@@ -240,6 +281,8 @@ def read_text_lines(url: str, byte_start: int | None = None, byte_stop: int | No
         else:
             f.seek(byte_start)
             data = f.read(byte_stop - byte_start)
+    if not byte_start and data.startswith(UTF8_BOM):  # a UTF-8 byte-order mark is not text of the first line
+        data = data[len(UTF8_BOM):]
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
