@@ -2,7 +2,8 @@
 never scatters its files over a filesystem root or the current directory, and says in one line
 when it cannot write where it was asked to.
 
-    check_output(input, parts, final)   # parts: the directory of parts; final: the assembled file, if any
+    check_output(input, parts, final, model)   # paths; parts: the directory of parts; final: the assembled file
+    check_writable(parts, final)               # after planning: files can be created there
 
 Local paths are compared resolved (symlinks, ``..``, relative to the working directory); URLs of
 object stores by bucket and key.
@@ -62,8 +63,7 @@ def output_problems(input_url: str, output_url: str) -> list[str]:
 
 def check_output(input_url: str, parts_url: str, final_url: str | None = None, model_url: str | None = None) -> None:
     """Raise ``OutputRefused`` (one message, every problem) unless this job may write ``parts_url``
-    (and assemble ``final_url``) apart from its input and model; on local disk also that it can
-    create files there."""
+    (and assemble ``final_url``) apart from its input and model."""
     problems = []
     for url in (parts_url, final_url) if final_url is not None else (parts_url,):
         problems += [p for p in output_problems(input_url, url) if p not in problems]
@@ -72,6 +72,11 @@ def check_output(input_url: str, parts_url: str, final_url: str | None = None, m
                          if "--input" in p and p.replace("--input", "--model") not in problems]
     if problems:
         raise OutputRefused("; ".join(problems))
+
+
+def check_writable(parts_url: str, final_url: str | None = None) -> None:
+    """Raise ``OutputRefused`` in one line unless files can be created where the job writes (local disk;
+    made after the input is planned, so a job refused for its input leaves no directory behind)."""
     for url in (parts_url,) + ((final_url.rsplit("/", 1)[0] or "/",) if final_url and "/" in final_url else ()):
         if problem := _unwritable(url):
             raise OutputRefused(problem)

@@ -34,7 +34,7 @@ from pipeline.dispatch import Health
 from pipeline.driver import DecodersUnavailable, Driver, check_placeable
 from pipeline.errors import JobStopped, stop_for, stopping_cause
 from pipeline.evaluate import EvalStats, Scores, score
-from pipeline.guards import check_output
+from pipeline.guards import check_output, check_writable
 from pipeline.lease import Lease, LeaseLost
 from pipeline.ledger import PlanMismatch, PlanRecord, file_version, model_files
 from pipeline.model_check import check_model
@@ -174,6 +174,7 @@ def run_pipeline(cfg: PipelineConfig, finish: Callable[[OutputStore], object] | 
     check_output(cfg.input, cfg.decoder.output, cfg.assemble_to, cfg.decoder.model)
     plan: Plan = plan_units(cfg.input, cfg.columns, _unit_rows(cfg), skip_corrupt=cfg.skip_corrupt)
     record = plan_record(cfg, plan)
+    check_writable(cfg.decoder.output, cfg.assemble_to)
     probe = OutputStore(cfg.decoder.output)
     lease = Lease(probe.fs, probe.root, ttl_s=cfg.lease_ttl_s, url=probe.url)
     try:
