@@ -5,22 +5,27 @@ A directory holds ``config.json``, ``model.safetensors`` or ``pytorch_model.bin`
 Files are read through a ``reader(name) -> bytes | None`` callable, so this module stays free of
 fsspec: ``local_reader`` serves plain directories, ``pipeline.storage.model_reader`` any fsspec URL.
 
-Every unsupported config option is collected and raised at once (``UnsupportedCheckpoint``);
-missing and unexpected weight keys are all reported. Weights load with safetensors or
-``torch.load(weights_only=True)``; nothing is unpickled freely.
+Every unsupported config option, and every size or token id out of bounds (``SIZE_LIMITS``), is
+collected and raised at once (``UnsupportedCheckpoint``) before anything is allocated; missing,
+unexpected and misshaped weight keys are all reported, by ``shape_problems``, which checks a
+``StateLayout`` (built without memory on the meta device by ``expected_layout``) against the shapes
+found, so a checkpoint can be checked from its header before it is loaded. Weights load with
+safetensors or ``torch.load(weights_only=True)``; nothing is unpickled freely.
 """
 from __future__ import annotations
 
 import io
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save_file
+from torch.overrides import TorchFunctionMode
 
 from workers.config import ACTIVATIONS, ModelConfig
 from workers.model import MarianModel
@@ -51,8 +56,73 @@ def local_reader(directory: str) -> Reader:
     return read
 
 
+# Upper bounds on the sizes config.json may give, generous next to real Marian / OPUS-MT models
+# (transformer-big: d_model 1024, ffn 4096, 6-12 layers, 16 heads, vocabularies up to ~65k, 512-1024
+# positions), so a corrupt or hostile config is refused before anything is allocated. Every size is
+# an int in 1..limit; MarianModel(cfg) allocates what they imply.
+SIZE_LIMITS = {
+    "d_model": 16_384, "encoder_ffn_dim": 65_536, "decoder_ffn_dim": 65_536,
+    "encoder_layers": 64, "decoder_layers": 64, "encoder_attention_heads": 256, "decoder_attention_heads": 256,
+    "vocab_size": 1_048_576, "decoder_vocab_size": 1_048_576, "max_position_embeddings": 65_536,
+}
+# max_position_embeddings * d_model: the sinusoidal tables are computed (in float64), never read from the
+# weights, so their size is not bounded by the weights file: 16M entries (16x transformer-big's 1024 x 1024).
+POSITION_TABLE_LIMIT = 1 << 24
+# HF MarianConfig's defaults for sizes config.json leaves out (vocab_size has none: it must be given).
+HF_SIZE_DEFAULTS = {"d_model": 1024, "encoder_layers": 12, "decoder_layers": 12, "encoder_attention_heads": 16,
+                    "decoder_attention_heads": 16, "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096,
+                    "max_position_embeddings": 1024}
+
+
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def hf_sizes(hf: dict) -> tuple[dict[str, int], list[str]]:
+    """The sizes of an HF ``config.json`` (defaults filled in) and every reason they are unusable:
+    not an int, outside ``1..SIZE_LIMITS``, heads not dividing d_model, too large a position table."""
+    sizes, reasons = {}, []
+    for key, limit in SIZE_LIMITS.items():
+        if key == "decoder_vocab_size" and not hf.get(key):  # HF: decoder_vocab_size or vocab_size
+            if "vocab_size" in sizes:
+                sizes[key] = sizes["vocab_size"]
+            continue
+        value = hf.get(key, HF_SIZE_DEFAULTS.get(key))
+        if value is None:  # only vocab_size has no default
+            reasons.append(f"{key} missing")
+        elif not is_int(value):
+            reasons.append(f"{key}={value!r} is not an integer")
+        elif not 1 <= value <= limit:
+            reasons.append(f"{key}={value} outside 1..{limit}")
+        else:
+            sizes[key] = value
+    d = sizes.get("d_model")
+    if d is not None:
+        heads = [f"{k}={sizes[k]}" for k in ("encoder_attention_heads", "decoder_attention_heads")
+                 if k in sizes and d % sizes[k]]
+        if heads:
+            reasons.append(f"d_model {d} not divisible by {' and '.join(heads)}")
+        positions = sizes.get("max_position_embeddings")
+        if positions is not None and positions * d > POSITION_TABLE_LIMIT:
+            reasons.append(f"max_position_embeddings * d_model = {positions} * {d} over {POSITION_TABLE_LIMIT}")
+    return sizes, reasons
+
+
+def token_id_reasons(ids: dict[str, object], vocab: int, dec_vocab: int) -> list[str]:
+    """Reasons the special token ids are unusable: pad indexes both embeddings, eos and start the target one."""
+    reasons = []
+    for name, value in ids.items():
+        bound = min(vocab, dec_vocab) if name == "pad_token_id" else dec_vocab
+        if not is_int(value):
+            reasons.append(f"{name}={value!r} is not an integer")
+        elif not 0 <= value < bound:
+            reasons.append(f"{name}={value} outside the vocabulary (0..{bound - 1})")
+    return reasons
+
+
 def config_from_hf(hf: dict) -> ModelConfig:
-    """Map an HF ``config.json`` dict to ``ModelConfig``, raising once with every unsupported option."""
+    """Map an HF ``config.json`` dict to ``ModelConfig``, raising once with every unsupported option
+    and every size or token id out of bounds (``SIZE_LIMITS``), before anything is allocated."""
     reasons = []
     if hf.get("model_type", "marian") != "marian":
         reasons.append(f"model_type={hf.get('model_type')!r} (only 'marian')")
@@ -61,35 +131,30 @@ def config_from_hf(hf: dict) -> ModelConfig:
                            ("add_bias_logits", False), ("scale_embedding", None)):
         if supported is not None and key in hf and bool(hf[key]) != supported:
             reasons.append(f"{key}={hf[key]!r} (only {supported})")
-    if hf.get("activation_function", "gelu") not in ACTIVATIONS:
-        reasons.append(f"activation_function={hf.get('activation_function')!r} (supported: {ACTIVATIONS})")
+    activation = hf.get("activation_function", "gelu")
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
+        reasons.append(f"activation_function={activation!r} (supported: {ACTIVATIONS})")
     for key in ("encoder_layerdrop", "decoder_layerdrop"):
         if hf.get(key, 0.0) not in (0, 0.0):
             logger.info("ignoring %s=%s (training only)", key, hf[key])
-    vocab = hf.get("vocab_size")
-    if not isinstance(vocab, int):
-        reasons.append("vocab_size missing")
+    sizes, size_reasons = hf_sizes(hf)
+    reasons += size_reasons
     share = bool(hf.get("share_encoder_decoder_embeddings", True))
-    dec_vocab = hf.get("decoder_vocab_size") or vocab
-    if share and dec_vocab != vocab:
+    vocab, dec_vocab = sizes.get("vocab_size"), sizes.get("decoder_vocab_size")
+    if share and vocab is not None and dec_vocab is not None and dec_vocab != vocab:
         reasons.append(f"shared embeddings with decoder_vocab_size={dec_vocab} != vocab_size={vocab}")
-    if hf.get("d_model", 1024) % hf.get("encoder_attention_heads", 16):
-        reasons.append("d_model not divisible by encoder_attention_heads")
+    ids = {}
+    if vocab is not None and dec_vocab is not None:
+        ids["pad_token_id"] = hf.get("pad_token_id", dec_vocab - 1)
+        ids["eos_token_id"] = hf.get("eos_token_id", 0)
+        ids["decoder_start_token_id"] = hf.get("decoder_start_token_id", ids["pad_token_id"])
+        reasons += token_id_reasons(ids, vocab, dec_vocab)
     if reasons:
         raise UnsupportedCheckpoint(reasons)
-    pad = hf.get("pad_token_id", dec_vocab - 1)
     return ModelConfig(
-        vocab_size=vocab, decoder_vocab_size=dec_vocab, d_model=hf.get("d_model", 1024),
-        encoder_layers=hf.get("encoder_layers", 12), decoder_layers=hf.get("decoder_layers", 12),
-        encoder_attention_heads=hf.get("encoder_attention_heads", 16),
-        decoder_attention_heads=hf.get("decoder_attention_heads", 16),
-        encoder_ffn_dim=hf.get("encoder_ffn_dim", 4096), decoder_ffn_dim=hf.get("decoder_ffn_dim", 4096),
-        activation_function=hf.get("activation_function", "gelu"),
-        max_position_embeddings=hf.get("max_position_embeddings", 1024),
+        **sizes, **ids, activation_function=activation,
         scale_embedding=bool(hf.get("scale_embedding", False)), share_encoder_decoder_embeddings=share,
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
-        pad_token_id=pad, eos_token_id=hf.get("eos_token_id", 0),
-        decoder_start_token_id=hf.get("decoder_start_token_id", pad),
         dropout=hf.get("dropout", 0.1), attention_dropout=hf.get("attention_dropout", 0.0),
         activation_dropout=hf.get("activation_dropout", 0.0))
 
@@ -123,25 +188,71 @@ def tied_groups(model: MarianModel) -> list[list[str]]:
     return list(groups.values())
 
 
+@dataclass(frozen=True)
+class StateLayout:
+    """The tensors a ``MarianModel`` holds: its keys grouped by shared tensor (tied names) and each key's shape."""
+
+    groups: tuple[tuple[str, ...], ...]
+    shapes: dict[str, tuple[int, ...]]
+
+    def required(self) -> list[tuple[str, ...]]:
+        """The groups a checkpoint must hold (positions are recomputed, ``final_logits_bias`` defaults to zero)."""
+        return [g for g in self.groups if not all(k.endswith(OPTIONAL_SUFFIXES) for k in g)]
+
+    def required_elements(self) -> int:
+        return sum(math.prod(self.shapes[g[0]]) for g in self.required())
+
+
+def state_layout(model: MarianModel) -> StateLayout:
+    return StateLayout(tuple(map(tuple, tied_groups(model))),
+                       {k: tuple(v.shape) for k, v in model.state_dict(keep_vars=True).items()})
+
+
+class _SkipRandomInit(TorchFunctionMode):
+    """Meta tensors hold no values, so random initialisation is skipped: ``normal_`` on the meta device
+    would load torch's Python decompositions on first use (~2 s, ~150 MB), longer than the whole check."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", None) in ("normal_", "uniform_"):
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
+
+def expected_layout(cfg: ModelConfig) -> StateLayout:
+    """The layout ``MarianModel(cfg)`` has, built on the meta device: no memory is allocated for any weight."""
+    with torch.device("meta"), _SkipRandomInit():
+        return state_layout(MarianModel(cfg))
+
+
+def shape_problems(layout: StateLayout, found: Mapping[str, tuple[int, ...]]) -> list[str]:
+    """Every unexpected, missing (optional keys aside) or misshaped key of a checkpoint whose tensors
+    have shapes ``found``; any name of a tied group stands for the group."""
+    reasons = [f"unexpected weight key {k!r}" for k in sorted(set(found) - set(layout.shapes))]
+    required = set(layout.required())
+    for group in layout.groups:
+        present = [k for k in group if k in found]
+        if not present and group in required:
+            tied = f" (tied with {list(group[1:])})" if group[1:] else ""
+            reasons.append(f"missing weight key {group[0]!r}{tied}")
+        want = layout.shapes[group[0]]
+        reasons += [f"{k!r} has shape {tuple(found[k])}, model expects {want}" for k in present
+                    if tuple(found[k]) != want]
+    return reasons
+
+
 def load_state(model: MarianModel, weights: dict[str, torch.Tensor]) -> None:
     """Copy ``weights`` into ``model``; raise once listing every missing, unexpected or misshaped key."""
-    params = model.state_dict(keep_vars=True)
-    reasons = [f"unexpected weight key {k!r}" for k in sorted(set(weights) - set(params))]
-    for group in tied_groups(model):
-        present = [k for k in group if k in weights]
-        if not present:
-            if not all(k.endswith(OPTIONAL_SUFFIXES) for k in group):
-                reasons.append(f"missing weight key {group[0]!r}" + (f" (tied with {group[1:]})" if group[1:] else ""))
-            continue
-        target = params[group[0]]
-        source = weights[present[0]]
-        if tuple(source.shape) != tuple(target.shape):
-            reasons.append(f"{present[0]!r} has shape {tuple(source.shape)}, model expects {tuple(target.shape)}")
-            continue
-        with torch.no_grad():
-            target.copy_(source.to(target.dtype))
+    layout = state_layout(model)
+    reasons = shape_problems(layout, {k: tuple(v.shape) for k, v in weights.items()})
     if reasons:
         raise UnsupportedCheckpoint(reasons)
+    params = model.state_dict(keep_vars=True)
+    for group in layout.groups:
+        present = [k for k in group if k in weights]
+        if present:
+            with torch.no_grad():
+                params[group[0]].copy_(weights[present[0]].to(params[group[0]].dtype))
 
 
 @dataclass
@@ -162,6 +273,11 @@ def load_checkpoint(read: Reader, dtype: torch.dtype = torch.float32,
     return Checkpoint(model, tokenizer, hf)
 
 
+def separate_target_vocab(cfg: ModelConfig, hf: dict) -> bool:
+    """Whether the target side reads ``target_vocab.json`` (when present) instead of ``vocab.json``."""
+    return not cfg.share_encoder_decoder_embeddings or bool(hf.get("separate_vocabs"))
+
+
 def load_tokenizer(read: Reader) -> tuple[MarianTokenizer, ModelConfig, dict]:
     """The tokenizer and config of a checkpoint, without its weights (for encoder actors)."""
     raw = read("config.json")
@@ -174,7 +290,7 @@ def load_tokenizer(read: Reader) -> tuple[MarianTokenizer, ModelConfig, dict]:
     if missing:
         raise FileNotFoundError(f"checkpoint lacks tokenizer files {missing}")
     target_vocab = None
-    if not cfg.share_encoder_decoder_embeddings or hf.get("separate_vocabs"):
+    if separate_target_vocab(cfg, hf):
         raw_tv = read("target_vocab.json")
         target_vocab = load_vocab(raw_tv) if raw_tv is not None else None
     tokenizer = MarianTokenizer(files["source.spm"], files["target.spm"], load_vocab(files["vocab.json"]), target_vocab)

@@ -49,7 +49,9 @@ class SinusoidalPositions(nn.Module):
 
     def __init__(self, num_positions: int, dim: int) -> None:
         super().__init__()
-        self.weight = nn.Parameter(sinusoidal_table(num_positions, dim), requires_grad=False)
+        meta = torch.get_default_device().type == "meta"  # a model built for its shapes only: left uncomputed
+        table = torch.empty(num_positions, dim) if meta else sinusoidal_table(num_positions, dim)  # (P, E)
+        self.weight = nn.Parameter(table, requires_grad=False)
 
 
 class Attention(nn.Module):

@@ -18,12 +18,16 @@ import torch
 from pipeline.storage import model_reader
 from tests.conftest import shared_path
 from workers.checkpoint import (
+    SIZE_LIMITS,
     UnsupportedCheckpoint,
     config_from_hf,
+    expected_layout,
     load_checkpoint,
     load_state,
     local_reader,
     save_checkpoint,
+    shape_problems,
+    state_layout,
     unique_state,
 )
 from workers.config import ModelConfig
@@ -134,6 +138,51 @@ def test_config_from_hf_lists_more_reasons_too():
 def test_config_from_hf_missing_vocab_size():
     with pytest.raises(UnsupportedCheckpoint, match="vocab_size missing"):
         config_from_hf({k: v for k, v in BASE_HF.items() if k != "vocab_size"})
+
+
+def test_config_from_hf_bounds_every_size_and_token_id_at_once():
+    bad = {**BASE_HF, "d_model": 10**6, "max_position_embeddings": 1e9, "encoder_layers": 0, "decoder_layers": True,
+           "decoder_ffn_dim": "2048", "eos_token_id": 50, "decoder_start_token_id": -1}
+    with pytest.raises(UnsupportedCheckpoint) as err:
+        config_from_hf(bad)
+    assert err.value.reasons == ["d_model=1000000 outside 1..16384", "decoder_ffn_dim='2048' is not an integer",
+                                 "encoder_layers=0 outside 1..64", "decoder_layers=True is not an integer",
+                                 "max_position_embeddings=1000000000.0 is not an integer",
+                                 "eos_token_id=50 outside the vocabulary (0..49)",
+                                 "decoder_start_token_id=-1 outside the vocabulary (0..49)"]
+
+
+def test_config_from_hf_accepts_every_size_at_its_bound():
+    hf = {**BASE_HF, **SIZE_LIMITS, "max_position_embeddings": 1024, "pad_token_id": 0, "eos_token_id": 0}
+    cfg = config_from_hf(hf)
+    assert (cfg.d_model, cfg.encoder_layers, cfg.decoder_vocab_size) == (16_384, 64, 1_048_576)
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(decoder_vocab_size=40, share_encoder_decoder_embeddings=False,
+                                                tie_word_embeddings=False)])
+def test_expected_layout_is_the_models_own_without_memory(overrides):
+    model = tiny_model(30, **overrides)
+    assert expected_layout(model.config) == state_layout(model)
+    import resource
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    hf = {**BASE_HF, **SIZE_LIMITS, "max_position_embeddings": 1024, "pad_token_id": 0, "eos_token_id": 0}
+    layout = expected_layout(config_from_hf(hf))  # ~500G weights on the meta device
+    assert layout.required_elements() > 4 * 10**11
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 256 * 1024  # KiB
+
+
+def test_shape_problems_is_load_states_rule():
+    layout = state_layout(tiny_model(30))
+    found = dict(layout.shapes)
+    assert shape_problems(layout, found) == []
+    minimal = {k: v for k, v in found.items() if k in {g[-1] for g in layout.required()}}
+    assert shape_problems(layout, minimal) == []  # any one name of a tied group; optional keys may be absent
+    del minimal["lm_head.weight"]
+    minimal["model.decoder.layers.0.fc1.bias"] = (31,)
+    assert shape_problems(layout, minimal) == [
+        "missing weight key 'model.shared.weight' (tied with ['model.encoder.embed_tokens.weight', "
+        "'model.decoder.embed_tokens.weight', 'lm_head.weight'])",
+        "'model.decoder.layers.0.fc1.bias' has shape (31,), model expects (32,)"]
 
 
 @pytest.mark.parametrize(("name", "expected"), [
