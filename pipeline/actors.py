@@ -22,6 +22,7 @@ import pyarrow as pa
 import torch
 
 from pipeline.evaluate import EvalStats, sufficient_stats
+from pipeline.heap import trim_heap
 from pipeline.lease import Fence
 from pipeline.metrics import Metrics
 from pipeline.records import EncodedUnit, UnitStats
@@ -184,7 +185,9 @@ class DecoderWorker:
             encoded = [EncodedUnit.from_row(r) for r in item.to_pylist() if not r.get("error")]
         else:
             encoded = [self.encoder.encode_unit(u) for u in item]
-        return [self.decode_unit(e) for e in encoded]
+        stats = [self.decode_unit(e) for e in encoded]
+        trim_heap()  # the units' freed tensor memory back to the system: else the heap's RSS creeps up unit by unit
+        return stats
 
     def decode_unit(self, enc: EncodedUnit) -> UnitStats:
         started = time.time()
