@@ -1,11 +1,11 @@
 """Build a shortlist table (Shi & Knight 2017) for a model.
 
     # alignment-based, from a bitext (.txt one sentence a line, or .parquet column text)
-    python -m jobs.build_shortlist --model models/demo-de-en --source train.de --target train.en --output lex.s2t
+    python -m raymt.jobs.build_shortlist --model models/demo-de-en --source train.de --target train.en --output lex.s2t
     # self-built: translate a monolingual sample with the full vocabulary, align source with output
-    python -m jobs.build_shortlist --model models/demo-de-en --source mono.de --self-built --sample 5000 --output lex.s2t
+    python -m raymt.jobs.build_shortlist --model models/demo-de-en --source mono.de --self-built --sample 5000 --output lex.s2t
     # top-frequency baseline only
-    python -m jobs.build_shortlist --model models/demo-de-en --target train.en --frequency-only --output freq.s2t
+    python -m raymt.jobs.build_shortlist --model models/demo-de-en --target train.en --frequency-only --output freq.s2t
 
 ``--output`` ending in ``.vmap`` writes a CTranslate2 vocabulary map, anything else Marian's
 ``lex.s2t`` (plus ``<output>.freq``, target pieces by frequency).
@@ -17,12 +17,12 @@ import logging
 import random
 import time
 
-from pipeline.alignment import SPACES, frequency_table, lexical_table
-from pipeline.corpus import read_corpus
-from pipeline.shortlists import save_table
-from pipeline.storage import model_reader
-from workers.config import SearchConfig
-from workers.translator import Translator
+from raymt.pipeline.alignment import SPACES, frequency_table, lexical_table
+from raymt.pipeline.corpus import read_corpus
+from raymt.pipeline.shortlists import save_table
+from raymt.pipeline.storage import model_reader
+from raymt.workers.config import SearchConfig
+from raymt.workers.translator import Translator
 
 
 SELF_BUILT_SAMPLE = 10_000  # lines translated for a self-built table unless --sample says otherwise

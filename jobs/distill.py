@@ -1,7 +1,7 @@
 """Sequence-level knowledge-distillation data: translate a corpus with the teacher on Ray and write
 training-ready Parquet (every row kept, filters recorded as columns; see pipeline/distill.py).
 
-    python -m jobs.distill --model models/demo-de-en --input train.parquet --text-column de \\
+    python -m raymt.jobs.distill --model models/demo-de-en --input train.parquet --text-column de \\
         --target-column en --output out/distill --nbest 4 --token-logprobs
 
 Output ``<output>/distilled/part-<unit>.parquet``: id, row, source, translation (the teacher's
@@ -17,9 +17,9 @@ import dataclasses
 import json
 import logging
 
-from jobs.translate import JOB_ERRORS, build_parser, pipeline_config, search_config
-from pipeline.distill import Filters, write_distilled
-from pipeline.run import run_pipeline
+from raymt.jobs.translate import JOB_ERRORS, build_parser, pipeline_config, search_config
+from raymt.pipeline.distill import Filters, write_distilled
+from raymt.pipeline.run import run_pipeline
 
 
 def main(argv: list[str] | None = None) -> dict:

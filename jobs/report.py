@@ -1,7 +1,7 @@
 """The stats report of a finished (or partly finished) translate job: PNG + single-page HTML.
 
-    python -m jobs.report out/corpus-de-en                  # -> out/corpus-de-en.report.{png,html}
-    python -m jobs.report s3://bucket/out --out report      # -> report.{png,html}
+    python -m raymt.jobs.report out/corpus-de-en                  # -> out/corpus-de-en.report.{png,html}
+    python -m raymt.jobs.report s3://bucket/out --out report      # -> report.{png,html}
 
 Reads the per-unit stats rows the decoder actors committed under ``<output>/_stats``.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.sink import OutputStore
-from pipeline.stats_report import render, summary
+from raymt.pipeline.sink import OutputStore
+from raymt.pipeline.stats_report import render, summary
 
 
 def report(output: str, out: str | None = None, title: str | None = None) -> tuple[str, str]:

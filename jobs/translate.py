@@ -1,7 +1,7 @@
 """Translate a corpus with a Marian / OPUS-MT checkpoint, on Ray.
 
-    python -m jobs.translate --model models/demo-de-en --input examples/sample.de.txt --output out.en.txt
-    ray job submit --working-dir . -- python -m jobs.translate --model models/demo-de-en \
+    python -m raymt.jobs.translate --model models/demo-de-en --input examples/sample.de.txt --output out.en.txt
+    ray job submit --working-dir . -- python -m raymt.jobs.translate --model models/demo-de-en \
         --input s3://bucket/corpus/ --output s3://bucket/out/ --evaluate --reference-column ref
 
 Runs on the cluster at ``RAY_ADDRESS`` (or the job's cluster under ``ray job submit``), else on a
@@ -35,25 +35,25 @@ from dataclasses import replace
 import fsspec
 import torch
 
-from pipeline.actors import DecoderSettings
-from pipeline.dispatch import Health
-from pipeline.errors import JobStopped
-from pipeline.guards import OutputRefused
-from pipeline.driver import DecodersUnavailable, ResourcesUnavailable
-from pipeline.ledger import OutputBusy, PlanMismatch
-from pipeline.model_check import ModelError
-from pipeline.reports import markdown_table
-from pipeline.run import PipelineConfig, UnitsFailed, actor_table, run_pipeline
-from pipeline.shortlists import load_shortlist
-from pipeline.sink import OutputStore
-from pipeline.storage import storage_options
-from pipeline.units import Columns, InputError
-from workers.config import FAST_PRUNING, PruningConfig, SearchConfig
-from workers.device import CPU_DEFAULTS, GPU_DEFAULTS, BatchingDefaults, DeviceUnavailable, on_gpu
-from workers.engine import StaticStep
-from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
-from workers.speedups import EXACT, CpuSpeedups
-from workers.translator import Translator
+from raymt.pipeline.actors import DecoderSettings
+from raymt.pipeline.dispatch import Health
+from raymt.pipeline.errors import JobStopped
+from raymt.pipeline.guards import OutputRefused
+from raymt.pipeline.driver import DecodersUnavailable, ResourcesUnavailable
+from raymt.pipeline.ledger import OutputBusy, PlanMismatch
+from raymt.pipeline.model_check import ModelError
+from raymt.pipeline.reports import markdown_table
+from raymt.pipeline.run import PipelineConfig, UnitsFailed, actor_table, run_pipeline
+from raymt.pipeline.shortlists import load_shortlist
+from raymt.pipeline.sink import OutputStore
+from raymt.pipeline.storage import storage_options
+from raymt.pipeline.units import Columns, InputError
+from raymt.workers.config import FAST_PRUNING, PruningConfig, SearchConfig
+from raymt.workers.device import CPU_DEFAULTS, GPU_DEFAULTS, BatchingDefaults, DeviceUnavailable, on_gpu
+from raymt.workers.engine import StaticStep
+from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig
+from raymt.workers.speedups import EXACT, CpuSpeedups
+from raymt.workers.translator import Translator
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mc", type=int, help="max candidates per node (same history)")
     g.add_argument("--delta", type=float, help="absolute threshold against the best candidate, finished ones included")
     g.add_argument("--early-stop", action="store_true", help="drop beams below the best finished hypothesis")
-    g.add_argument("--fast", action="store_true", help="the measured fast default (workers.config.FAST_PRUNING: "
+    g.add_argument("--fast", action="store_true", help="the measured fast default (raymt.workers.config.FAST_PRUNING: "
                    "rp 0.6) unless heuristics are given explicitly; see reports/search.md")
     g = p.add_argument_group("batching (Yang et al. 2020 VAR-STREAM; top-up batching)")
     g.add_argument("--batching", choices=["auto", "batch", *[x.value for x in Policy]], default="auto",
@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the static step's results read one step late, once the next step is queued, so the GPU "
                         "runs it while the host frees and refills slots (same outputs; slots refill a step later). "
                         "Only with the static step (--static-step N > 0, a GPU's default)")
-    g = p.add_argument_group("shortlist vocabulary (Shi & Knight 2017); see jobs.build_shortlist")
+    g = p.add_argument_group("shortlist vocabulary (Shi & Knight 2017); see raymt.jobs.build_shortlist")
     g.add_argument("--shortlist", help="lex.s2t (with its .freq) or CTranslate2 .vmap file")
     g.add_argument("--shortlist-m", type=int, default=10,
                    help="top translations kept per source token (10: the fastest within 0.3 BLEU, reports/shortlist-multi30k.md)")
@@ -323,7 +323,7 @@ def run(args: argparse.Namespace, cfg: SearchConfig) -> None:
     if result.scores:
         print(result.scores)
     if args.report:
-        from jobs.report import report
+        from raymt.jobs.report import report
         report(pc.decoder.output, None if "://" not in args.output else "report")
 
 

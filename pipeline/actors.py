@@ -21,24 +21,24 @@ from dataclasses import asdict, dataclass
 import pyarrow as pa
 import torch
 
-from pipeline.evaluate import EvalStats, sufficient_stats
-from pipeline.heap import trim_heap
-from pipeline.lease import Fence
-from pipeline.metrics import Metrics
-from pipeline.records import EncodedUnit, UnitStats
-from pipeline.sink import OUTPUT_SCHEMA, OutputStore, output_table
-from pipeline.storage import model_reader
-from pipeline.timeline import Counters, Sampler, Slice
-from pipeline.units import Columns, WorkUnit, read_unit
-from workers.checkpoint import load_tokenizer
-from workers.config import SearchConfig
-from workers.device import DeviceUnavailable, resolve_device
-from workers.engine import DecodeStats, StaticStep
-from workers.inputs import CleanText, clean_text, split_to_fit
-from workers.scheduler import SchedulerConfig
-from workers.search import Hypothesis
-from workers.speedups import EXACT, CpuSpeedups
-from workers.translator import Translator
+from raymt.pipeline.evaluate import EvalStats, sufficient_stats
+from raymt.pipeline.heap import trim_heap
+from raymt.pipeline.lease import Fence
+from raymt.pipeline.metrics import Metrics
+from raymt.pipeline.records import EncodedUnit, UnitStats
+from raymt.pipeline.sink import OUTPUT_SCHEMA, OutputStore, output_table
+from raymt.pipeline.storage import model_reader
+from raymt.pipeline.timeline import Counters, Sampler, Slice
+from raymt.pipeline.units import Columns, WorkUnit, read_unit
+from raymt.workers.checkpoint import load_tokenizer
+from raymt.workers.config import SearchConfig
+from raymt.workers.device import DeviceUnavailable, resolve_device
+from raymt.workers.engine import DecodeStats, StaticStep
+from raymt.workers.inputs import CleanText, clean_text, split_to_fit
+from raymt.workers.scheduler import SchedulerConfig
+from raymt.workers.search import Hypothesis
+from raymt.workers.speedups import EXACT, CpuSpeedups
+from raymt.workers.translator import Translator
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class DecoderWorker:
             self.translator.tune_batches(settings.search)
         self.shortlist = None
         if settings.shortlist:
-            from pipeline.shortlists import load_shortlist
+            from raymt.pipeline.shortlists import load_shortlist
             self.shortlist = load_shortlist(settings.shortlist, self.translator.checkpoint.tokenizer,
                                             top_m=settings.shortlist_m, top_n=settings.shortlist_n,
                                             special_ids=self.translator.special_target_ids())

@@ -16,8 +16,8 @@ import tempfile
 from collections import Counter
 from collections.abc import Sequence
 
-from workers.shortlist import LexicalTable
-from workers.tokenizer import MarianTokenizer
+from raymt.workers.shortlist import LexicalTable
+from raymt.workers.tokenizer import MarianTokenizer
 
 logger = logging.getLogger(__name__)
 SPACES = ("subword", "word")

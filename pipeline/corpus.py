@@ -1,6 +1,6 @@
 """Read a corpus whole (``.txt`` one sentence a line, or ``.parquet`` with ``text`` and optional
-``id``), for the tools that need all of it at once (``jobs.build_shortlist``). Translation output
-goes through ``pipeline.sink`` only. Paths may be local or any fsspec URL.
+``id``), for the tools that need all of it at once (``raymt.jobs.build_shortlist``). Translation output
+goes through ``raymt.pipeline.sink`` only. Paths may be local or any fsspec URL.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.storage import storage_options
+from raymt.pipeline.storage import storage_options
 
 
 @dataclass(frozen=True)

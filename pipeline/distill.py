@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.sink import OutputStore
+from raymt.pipeline.sink import OutputStore
 
 DROP_STATUSES = {"null", "empty"}
 

@@ -8,7 +8,7 @@
 Encoded blocks come from Ray Data's encoder pool through a bounded queue filled by a feeder thread,
 so the loop never blocks on the encoder: if the encoder stream fails (its actor killed and Ray Data
 gives up), the loop carries on and the sweep sends the units it did not deliver as raw units
-(decoders tokenise them). Decoder health is ``pipeline.dispatch.Pool``'s (no Ray there): one death
+(decoders tokenise them). Decoder health is ``raymt.pipeline.dispatch.Pool``'s (no Ray there): one death
 counted however many items it lost, a restarting actor probed with back-off and replaced after
 ``restart_timeout_s``, a stalled one killed so Ray restarts it. Every handle the driver lets go is
 killed first (``no_restart``), so a forgotten actor never holds the cores a replacement needs.
@@ -23,17 +23,17 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from pipeline.actors import DecoderActor, EncoderWorker, unit_to_row
-from pipeline.dispatch import Pool, Verdict
-from pipeline.errors import stopping_cause
-from pipeline.timeline import Board, Progress
-from pipeline.units import WorkUnit
-from workers.device import DeviceUnavailable
+from raymt.pipeline.actors import DecoderActor, EncoderWorker, unit_to_row
+from raymt.pipeline.dispatch import Pool, Verdict
+from raymt.pipeline.errors import stopping_cause
+from raymt.pipeline.timeline import Board, Progress
+from raymt.pipeline.units import WorkUnit
+from raymt.workers.device import DeviceUnavailable
 
 if TYPE_CHECKING:
-    from pipeline.ledger import Lease
-    from pipeline.run import PipelineConfig, PipelineResult
-    from pipeline.sink import OutputStore
+    from raymt.pipeline.ledger import Lease
+    from raymt.pipeline.run import PipelineConfig, PipelineResult
+    from raymt.pipeline.sink import OutputStore
 
 logger = logging.getLogger(__name__)
 DRAINED = object()

@@ -15,7 +15,7 @@ import uuid
 
 import fsspec
 
-from pipeline.storage import on_disk, storage_options
+from raymt.pipeline.storage import on_disk, storage_options
 
 
 class OutputRefused(ValueError):

@@ -4,7 +4,7 @@ A decoder allocates tensors of a different size at every step and in every unit 
 source and target lengths). glibc keeps the chunks they are freed into and reuses them only for
 requests that fit, so its heap spreads over more and more pages that hold nothing live, and the
 process's resident memory creeps up unit after unit although the live data stays the same (measured
-with ``jobs/bench_soak.py``). ``trim_heap`` calls glibc's ``malloc_trim(0)``, which returns the free
+with ``benchmarks/bench_soak.py``). ``trim_heap`` calls glibc's ``malloc_trim(0)``, which returns the free
 pages of every arena to the system (a few milliseconds for a decoder's heap); elsewhere it does
 nothing.
 """

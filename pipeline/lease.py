@@ -43,8 +43,8 @@ from typing import Iterator
 
 import fsspec
 
-from pipeline.errors import JobStopped
-from pipeline.storage import on_disk, put_whole, storage_options
+from raymt.pipeline.errors import JobStopped
+from raymt.pipeline.storage import on_disk, put_whole, storage_options
 
 LEASE = "_LEASE.json"
 LOCK = "_LEASE.lock"

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 
 import fsspec
 
-from pipeline.lease import LEASE, Lease, OutputBusy  # noqa: F401 - re-exported: where callers found them
-from pipeline.storage import storage_options
+from raymt.pipeline.lease import LEASE, Lease, OutputBusy  # noqa: F401 - re-exported: where callers found them
+from raymt.pipeline.storage import storage_options
 
 PLAN = "_PLAN.json"
 MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "source.spm", "target.spm", "vocab.json",

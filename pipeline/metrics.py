@@ -16,8 +16,8 @@ Exported names (Ray prefixes ``ray_``; counters get ``_total``), all tagged ``ac
 """
 from __future__ import annotations
 
-from pipeline.records import UnitStats
-from pipeline.timeline import Slice
+from raymt.pipeline.records import UnitStats
+from raymt.pipeline.timeline import Slice
 
 
 class Metrics:

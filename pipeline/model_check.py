@@ -4,7 +4,7 @@ One ``ModelError`` names the directory and every problem found, one line each, i
 actor-creation traceback from inside a decoder, an out-of-memory kill, or a late crash. The check
 reads only small files and the weights' header, allocates no weights, and takes well under a second:
 
-- ``config.json``: validated as ``workers.checkpoint.config_from_hf`` loads it, which also bounds every
+- ``config.json``: validated as ``raymt.workers.checkpoint.config_from_hf`` loads it, which also bounds every
   size (``SIZE_LIMITS``: d_model, ffn dims, layers, heads, vocabularies, positions) and token id.
 - tokenizer files (each at most ``TOKENIZER_FILE_LIMIT`` bytes): ``source.spm`` and ``target.spm`` load
   in sentencepiece; ``vocab.json`` (and ``target_vocab.json`` when present) is a JSON object of
@@ -12,7 +12,7 @@ reads only small files and the weights' header, allocates no weights, and takes 
 - ``model.safetensors``, from its header alone: the file is exactly as long as the header says (a
   truncated or padded file is refused, with both sizes), every tensor has a float dtype and offsets
   matching its shape, and every tensor the config implies is there with its shape (the loader's rule:
-  ``workers.checkpoint.shape_problems``).
+  ``raymt.workers.checkpoint.shape_problems``).
 - ``pytorch_model.bin``: on local disk a zip archive (``torch.save``), whose shapes are read
   memory-mapped onto the meta device (no weight is read) and checked like those of safetensors. On an
   object store only its first bytes and its size are checked (a zip archive, at least 2 bytes for each
@@ -28,8 +28,8 @@ import fsspec
 import sentencepiece as spm
 import torch
 
-from pipeline.storage import on_disk, storage_options
-from workers.checkpoint import (
+from raymt.pipeline.storage import on_disk, storage_options
+from raymt.workers.checkpoint import (
     StateLayout,
     UnsupportedCheckpoint,
     config_from_hf,
@@ -37,7 +37,7 @@ from workers.checkpoint import (
     separate_target_vocab,
     shape_problems,
 )
-from workers.config import ModelConfig
+from raymt.workers.config import ModelConfig
 
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
 TOKENIZER_FILE_LIMIT = 64 << 20  # bytes; real sentencepiece models and vocabularies are 0.1-5 MB

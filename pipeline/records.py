@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields
 
-from pipeline.units import WorkUnit
+from raymt.pipeline.units import WorkUnit
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,20 +29,20 @@ from typing import Callable
 
 import pyarrow as pa
 
-from pipeline.actors import DecoderSettings, DecoderWorker
-from pipeline.dispatch import Health
-from pipeline.driver import DecodersUnavailable, Driver, check_placeable
-from pipeline.errors import JobStopped, stop_for, stopping_cause
-from pipeline.evaluate import EvalStats, Scores, score
-from pipeline.guards import check_output, check_writable
-from pipeline.lease import Lease, LeaseLost
-from pipeline.ledger import PlanMismatch, PlanRecord, file_version, model_files
-from pipeline.model_check import check_model
-from pipeline.records import UnitStats
-from pipeline.sink import OutputStore, assemble, output_table
-from pipeline.timeline import Progress
-from pipeline.units import Columns, Plan, WorkUnit, auto_unit_rows, plan_units
-from workers.device import on_gpu
+from raymt.pipeline.actors import DecoderSettings, DecoderWorker
+from raymt.pipeline.dispatch import Health
+from raymt.pipeline.driver import DecodersUnavailable, Driver, check_placeable
+from raymt.pipeline.errors import JobStopped, stop_for, stopping_cause
+from raymt.pipeline.evaluate import EvalStats, Scores, score
+from raymt.pipeline.guards import check_output, check_writable
+from raymt.pipeline.lease import Lease, LeaseLost
+from raymt.pipeline.ledger import PlanMismatch, PlanRecord, file_version, model_files
+from raymt.pipeline.model_check import check_model
+from raymt.pipeline.records import UnitStats
+from raymt.pipeline.sink import OutputStore, assemble, output_table
+from raymt.pipeline.timeline import Progress
+from raymt.pipeline.units import Columns, Plan, WorkUnit, auto_unit_rows, plan_units
+from raymt.workers.device import on_gpu
 
 __all__ = ["DecodersUnavailable", "check_placeable", "JobStopped", "PipelineConfig", "PipelineResult", "PlanMismatch",
            "UnitsFailed", "run_pipeline"]
@@ -296,11 +296,11 @@ def _decode_here(cfg: PipelineConfig, result: PipelineResult, store: OutputStore
 
 def _decode_on_ray(cfg: PipelineConfig, result: PipelineResult, store: OutputStore, todo: list[WorkUnit],
                    start: float, lease: Lease) -> None:
-    """Decoder actors on the cluster (joined or started here), fed by ``pipeline.driver.Driver``."""
+    """Decoder actors on the cluster (joined or started here), fed by ``raymt.pipeline.driver.Driver``."""
     init_ray()
     import ray
     if cfg.decoder.speedups.native:  # built once here, so no decoder builds (or can be killed building) it
-        from workers.native import prebuild
+        from raymt.workers.native import prebuild
         prebuild()
     cfg = replace(cfg, decoder=replace(cfg.decoder, threads=cfg.decoder.threads or 2))
     resources = ray.cluster_resources()

@@ -1,11 +1,11 @@
 """Shortlist files on storage: Marian ``lex.s2t`` (+ ``<path>.freq``, target pieces by frequency)
-or a CTranslate2 vocabulary map (``.vmap``), read into a ``workers.shortlist.Shortlist``."""
+or a CTranslate2 vocabulary map (``.vmap``), read into a ``raymt.workers.shortlist.Shortlist``."""
 from __future__ import annotations
 
 import fsspec
 
-from pipeline.storage import read_text, storage_options, write_text
-from workers.shortlist import (
+from raymt.pipeline.storage import read_text, storage_options, write_text
+from raymt.workers.shortlist import (
     LexicalTable,
     Shortlist,
     read_lex_s2t,
@@ -13,7 +13,7 @@ from workers.shortlist import (
     write_lex_s2t,
     write_vocab_map,
 )
-from workers.tokenizer import MarianTokenizer
+from raymt.workers.tokenizer import MarianTokenizer
 
 
 def load_table(url: str, tok: MarianTokenizer) -> LexicalTable:

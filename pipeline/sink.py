@@ -32,10 +32,10 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.errors import stop_for
-from pipeline.lease import LEASE, LOCK, Fence
-from pipeline.ledger import PLAN, PlanRecord
-from pipeline.storage import open_whole, put_whole, retrying, storage_options
+from raymt.pipeline.errors import stop_for
+from raymt.pipeline.lease import LEASE, LOCK, Fence
+from raymt.pipeline.ledger import PLAN, PlanRecord
+from raymt.pipeline.storage import open_whole, put_whole, retrying, storage_options
 
 OUTPUT_SCHEMA = pa.schema([
     ("id", pa.string()),

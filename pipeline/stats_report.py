@@ -17,7 +17,7 @@ import io
 import json
 from collections import Counter
 
-from pipeline.run import actor_table
+from raymt.pipeline.run import actor_table
 
 
 def batch_histogram(rows: list[dict]) -> Counter:

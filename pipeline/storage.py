@@ -14,7 +14,7 @@ from typing import IO, Callable, Iterator
 
 import fsspec
 
-from pipeline.errors import JobStopped, deterministic
+from raymt.pipeline.errors import JobStopped, deterministic
 
 Guard = Callable[[], AbstractContextManager]  # held around the step that makes a write visible (fencing)
 
@@ -28,7 +28,7 @@ def storage_options(url: str) -> dict:
 
 
 def model_reader(url: str) -> Callable[[str], bytes | None]:
-    """A ``reader(name) -> bytes | None`` over the checkpoint directory at ``url`` (for workers.checkpoint)."""
+    """A ``reader(name) -> bytes | None`` over the checkpoint directory at ``url`` (for raymt.workers.checkpoint)."""
     fs, root = fsspec.core.url_to_fs(url, **storage_options(url))
 
     def read(name: str) -> bytes | None:

@@ -1,7 +1,7 @@
 """A decoder's stats over time: a sampler thread cuts the live counters into slices every few seconds.
 
 The decoding loop stays untouched: it already counts steps, live sentences per step and refills as
-it goes (``workers.engine.DecodeStats``, ``workers.scheduler.SchedulerStats``). A daemon thread in
+it goes (``raymt.workers.engine.DecodeStats``, ``raymt.workers.scheduler.SchedulerStats``). A daemon thread in
 the decoder actor reads those counters every ``every_s`` seconds and records one ``Slice`` of their
 differences; each slice is also handed to ``on_slice`` (the actor pushes it to its Ray metrics and
 to the driver's progress board, so progress moves inside a unit, not only at unit commits). Every

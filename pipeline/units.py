@@ -1,7 +1,7 @@
 """Work units: the input corpus cut into deterministic row ranges, checked before any work starts.
 
 A unit is (file, first row, end row) of one input file; its name is stable across runs, so a
-rerun of the same command finds which units are already committed (``pipeline.sink``) and skips
+rerun of the same command finds which units are already committed (``raymt.pipeline.sink``) and skips
 them. Parquet files are planned from their footers only (row counts and schemas), so planning a
 corpus of millions of lines reads kilobytes. Text files are scanned once, in chunks, for their
 line count and each unit's byte range, so a unit reads its own bytes, never the whole file (it
@@ -26,10 +26,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.errors import JobStopped
-from pipeline.ledger import file_version
-from pipeline.sniff import HEAD_BYTES, UTF8_BOM, refusal
-from pipeline.storage import storage_options
+from raymt.pipeline.errors import JobStopped
+from raymt.pipeline.ledger import file_version
+from raymt.pipeline.sniff import HEAD_BYTES, UTF8_BOM, refusal
+from raymt.pipeline.storage import storage_options
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ def shared_path(*parts: str) -> Path:
 @pytest.fixture(scope="session")
 def native_kernels():
     """The native decode operators (``torch.ops.raymt``, workers/native.py), or a skip where they cannot be built."""
-    from workers.native import load
+    from raymt.workers.native import load
 
     kernels = load()
     if kernels is None:

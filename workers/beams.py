@@ -8,8 +8,8 @@ Pools live on the device too, so a step never reads anything back: finished cand
 the pools tensor-wide, and the pools' best entries come back with the step's one copy
 (``Readback``).
 
-Tensors in, state updated in place; the search math itself is ``workers.search`` (pure step
-functions) and ``workers.pruning``.
+Tensors in, state updated in place; the search math itself is ``raymt.workers.search`` (pure step
+functions) and ``raymt.workers.pruning``.
 
 Dimension letters: B' planned slots, K beam, C = 2K candidates, N run rows, T pool token capacity.
 """
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from workers.cache import KVCache
-from workers.config import PruningConfig, SearchConfig
-from workers.pruning import RunningCandidates, keep_mask
-from workers.search import NEG_INF, Candidates, GreedySelection, Hypothesis, RowTop, StepSelection
+from raymt.workers.cache import KVCache
+from raymt.workers.config import PruningConfig, SearchConfig
+from raymt.workers.pruning import RunningCandidates, keep_mask
+from raymt.workers.search import NEG_INF, Candidates, GreedySelection, Hypothesis, RowTop, StepSelection
 
 LONG = torch.long
 SCORE, LOG_PROB, LENGTH, TOKEN = range(4)  # the fields of a pool entry's ``pool`` record

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from workers.graphs import to_device
+from raymt.workers.graphs import to_device
 
 INITIAL_CAPACITY = 32  # target positions allocated up front; the cache doubles past it
 

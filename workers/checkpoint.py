@@ -3,7 +3,7 @@
 A directory holds ``config.json``, ``model.safetensors`` or ``pytorch_model.bin``, ``source.spm``,
 ``target.spm``, ``vocab.json`` (and ``target_vocab.json`` when vocabularies are separate).
 Files are read through a ``reader(name) -> bytes | None`` callable, so this module stays free of
-fsspec: ``local_reader`` serves plain directories, ``pipeline.storage.model_reader`` any fsspec URL.
+fsspec: ``local_reader`` serves plain directories, ``raymt.pipeline.storage.model_reader`` any fsspec URL.
 
 Every unsupported config option, and every size or token id out of bounds (``SIZE_LIMITS``), is
 collected and raised at once (``UnsupportedCheckpoint``) before anything is allocated; missing,
@@ -27,9 +27,9 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save_file
 from torch.overrides import TorchFunctionMode
 
-from workers.config import ACTIVATIONS, ModelConfig
-from workers.model import MarianModel
-from workers.tokenizer import MarianTokenizer, load_vocab
+from raymt.workers.config import ACTIVATIONS, ModelConfig
+from raymt.workers.model import MarianModel
+from raymt.workers.tokenizer import MarianTokenizer, load_vocab
 
 logger = logging.getLogger(__name__)
 Reader = Callable[[str], "bytes | None"]

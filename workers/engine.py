@@ -36,14 +36,14 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
-from workers.beams import Readback, SlotState, stop_mask
-from workers.cache import EncodedBatch, KVCache
-from workers.config import SearchConfig
-from workers.scheduler import Policy, Request, Scheduler, SchedulerConfig, SchedulerStats, StepOutput, StepPlan
-from workers.graphs import GraphedStep, HostCopy, Staging, to_device
-from workers.static_step import StaticIndices, StaticStep
-from workers.step_index import StepIndex
-from workers.search import Candidates, Hypothesis, RowTop, greedy_select, row_top_log_probs, score_step
+from raymt.workers.beams import Readback, SlotState, stop_mask
+from raymt.workers.cache import EncodedBatch, KVCache
+from raymt.workers.config import SearchConfig
+from raymt.workers.scheduler import Policy, Request, Scheduler, SchedulerConfig, SchedulerStats, StepOutput, StepPlan
+from raymt.workers.graphs import GraphedStep, HostCopy, Staging, to_device
+from raymt.workers.static_step import StaticIndices, StaticStep
+from raymt.workers.step_index import StepIndex
+from raymt.workers.search import Candidates, Hypothesis, RowTop, greedy_select, row_top_log_probs, score_step
 
 
 @dataclass
@@ -373,7 +373,7 @@ def beam_search(model, src_ids: Tensor, src_mask: Tensor, cfg: SearchConfig, *, 
                 candidates: Tensor | None = None, stats: DecodeStats | None = None) -> list[list[Hypothesis]]:
     """One padded batch, src_ids / src_mask (B, S), decoded to its end on the engine (FIXED policy)
     -> per sentence the ``cfg.num_hypotheses`` best hypotheses, HF ``generate`` semantics
-    (``workers.search``). ``candidates`` (C,): a shortlist of target ids."""
+    (``raymt.workers.search``). ``candidates`` (C,): a shortlist of target ids."""
     sources = [row[:n] for row, n in zip(src_ids.tolist(), src_mask.sum(1).tolist())]
     engine = Engine(model, cfg, batch_schedule(len(sources), cfg.beam_size), forced_eos=forced_eos,
                     candidates=candidates, stats=stats)

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.profiler import record_function  # named scopes for the step profile (pipeline/step_profile.py)
+from torch.profiler import record_function  # named scopes for the step profile (benchmarks/step_profile.py)
 
-from workers.config import ModelConfig
-from workers.cache import KVCache, StepAt
-from workers.step_ops import ATEN, AtenOps
+from raymt.workers.config import ModelConfig
+from raymt.workers.cache import KVCache, StepAt
+from raymt.workers.step_ops import ATEN, AtenOps
 
 
 def sinusoidal_table(num_positions: int, dim: int) -> Tensor:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from workers.config import PruningConfig
+from raymt.workers.config import PruningConfig
 
 NEG_INF = float("-inf")
 

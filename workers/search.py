@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from workers.step_ops import ATEN, AtenOps
+from raymt.workers.step_ops import ATEN, AtenOps
 
 NEG_INF = float("-inf")
 
@@ -52,8 +52,8 @@ def row_top_log_probs(logits: Tensor, num: int, pad_id: int, force_eos: Tensor |
     One log-softmax (``<pad>`` included in the normaliser, as HF normalises before banning), one
     top-k, by ``ops`` (``workers/step_ops.py``: ATen, or the native kernels' one C++ pass pair per
     row with the same values). On CPU torch's vectorised log-softmax costs less than a separate
-    logsumexp pass, so this beats a fused torch form (``pipeline.bench_search.row_top_log_probs_fused``;
-    jobs.bench_search measures both). Rows where ``force_eos`` is set get EOS at log-prob 0 and
+    logsumexp pass, so this beats a fused torch form (``benchmarks.search_variants.row_top_log_probs_fused``;
+    benchmarks.bench_search measures both). Rows where ``force_eos`` is set get EOS at log-prob 0 and
     nothing else. With a shortlist, logits are over candidate positions (N, C) and ``token_ids`` (C,)
     maps positions to vocabulary ids; ``skip``: the column of ``<pad>`` when the caller knows it
     (``OutputHead.skip``, found once per decode), else it is looked up here.

@@ -1,5 +1,5 @@
 """CPU decoding speed-ups (Devlin 2017, Table 1, in torch terms), each optional and measured by
-``python -m jobs.bench`` (its cumulative speed-up table); only those that pay are on by default.
+``python -m benchmarks.bench`` (its cumulative speed-up table); only those that pay are on by default.
 
     model = apply_speedups(model, CpuSpeedups(fused_qkv=True, onednn=True, int8=False))
 
@@ -28,7 +28,7 @@
   and scores stay float32. It runs on the CPU too (ATen's kernels, no oneDNN packing), slowly:
   that is where CI tests it.
 * ``native``: the fused C++ decode-step operators of ``workers/native.py`` as the model's step
-  backend (``workers.step_ops.NativeOps``: log-softmax + top-k bit-equal to ATen's; one-query self-
+  backend (``raymt.workers.step_ops.NativeOps``: log-softmax + top-k bit-equal to ATen's; one-query self-
   and cross-attention, float32 to ~1e-6), built on first use; float32 activations only (bf16 steps
   keep ``AtenOps``). Skipped, with a warning, where they cannot be built.
 * ``warm_heap``: glibc's allocator serves tensors up to 32 MB from its heap and keeps freed memory
@@ -54,9 +54,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from workers.model import MarianModel
-from workers.native import load as load_native
-from workers.step_ops import ATEN, NativeOps
+from raymt.workers.model import MarianModel
+from raymt.workers.native import load as load_native
+from raymt.workers.step_ops import ATEN, NativeOps
 
 logger = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from workers.scheduler import Request, StepPlan
-from workers.step_index import StepIndex
+from raymt.workers.scheduler import Request, StepPlan
+from raymt.workers.step_index import StepIndex
 
 FIELDS = 5  # length, generated, capped, planned, cap
 

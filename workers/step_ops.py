@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from workers.cache import KVCache, StepAt
+from raymt.workers.cache import KVCache, StepAt
 
 NEG_INF = float("-inf")
 

@@ -11,15 +11,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from workers.checkpoint import Checkpoint, Reader, load_checkpoint, local_reader
-from workers.config import SearchConfig
-from workers.engine import DecodeStats, Engine, StaticStep, batch_schedule
-from workers.scheduler import CapacityUnit, SchedulerConfig
-from workers.search import Hypothesis
-from workers.shortlist import Shortlist
-from workers.speedups import EXACT, CpuSpeedups, apply_speedups
-from workers.training import collate
-from workers.tuning import BatchTuner, TunerConfig, available_memory, bytes_per_sentence, fit_slots
+from raymt.workers.checkpoint import Checkpoint, Reader, load_checkpoint, local_reader
+from raymt.workers.config import SearchConfig
+from raymt.workers.engine import DecodeStats, Engine, StaticStep, batch_schedule
+from raymt.workers.scheduler import CapacityUnit, SchedulerConfig
+from raymt.workers.search import Hypothesis
+from raymt.workers.shortlist import Shortlist
+from raymt.workers.speedups import EXACT, CpuSpeedups, apply_speedups
+from raymt.workers.batch import collate
+from raymt.workers.tuning import BatchTuner, TunerConfig, available_memory, bytes_per_sentence, fit_slots
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class Translator:
     @classmethod
     def load(cls, model: str | Reader, *, threads: int | None = None, max_batch_size: int = 32,
              speedups: CpuSpeedups = EXACT, device: torch.device | str = "cpu") -> "Translator":
-        """``model``: a local directory, or a reader (e.g. ``pipeline.storage.model_reader(url)``).
+        """``model``: a local directory, or a reader (e.g. ``raymt.pipeline.storage.model_reader(url)``).
         ``speedups``: the CPU rewrites (``workers/speedups.py``); the default keeps float32 outputs.
         ``device``: where the weights live and every decode tensor is created; the CPU rewrites
         apply on the CPU only (elsewhere they are skipped, and the log says so); a GPU decoder gets
@@ -66,7 +66,7 @@ class Translator:
         else:
             if speedups.dtype != torch.float32:  # the one rewrite that is a dtype, not a CPU kernel
                 checkpoint.model.to(speedups.dtype)
-            from workers.triton_ops import device_ops  # (imports Triton: only where a GPU may decode)
+            from raymt.workers.triton_ops import device_ops  # (imports Triton: only where a GPU may decode)
             checkpoint.model.model.decoder.ops = device_ops(device)  # the fused Triton output step on a GPU
             if replace(speedups, bf16=False, fp16=False) != CpuSpeedups():
                 logger.info("CPU speed-ups (%s) skipped on %s", speedups.signature(), device)
@@ -101,7 +101,7 @@ class Translator:
         over the length-sorted sources (one candidate set for the whole call); out of memory (and
         without a shortlist), the call falls back to batches, which give the same translations.
         ``stats``: counters to add to (read live by the actors' time slices); a fresh ``DecodeStats``
-        by default. ``static``: the engine's one-shape step (``workers.static_step.StaticStep``: a CUDA
+        by default. ``static``: the engine's one-shape step (``raymt.workers.static_step.StaticStep``: a CUDA
         graph on a GPU); batch decoding then runs its batches on one engine (without a shortlist or a
         tuner, whose batches differ), one capture per call.
         """
@@ -180,7 +180,7 @@ class Translator:
         """A GPU's slots: as many as asked, or as many as fill half its free memory when fewer, each
         holding K/V of every layer for its beams to the call's longest source and length cap, and its
         rows' logits (a slot count the GPU's defaults ask for may not fit a smaller GPU or model)."""
-        from workers.graphs import free_memory  # (CUDA only)
+        from raymt.workers.graphs import free_memory  # (CUDA only)
         mc, model = self.checkpoint.model.config, self.checkpoint.model
         longest = max(len(s) for s in sources)
         per_slot = bytes_per_sentence(

@@ -14,7 +14,7 @@ Here the logits are read once, in their own dtype, and only (N, k) comes back:
                 (as the CPU kernel, ``workers/csrc/decode_ops.cpp``).
 
 The bytes-moved floor of the step is reading the logits once (N x V x the dtype's size);
-``jobs/bench_gpu.py`` measures both against it. Log-probs are float32 whatever the logits' dtype.
+``benchmarks/bench_gpu.py`` measures both against it. Log-probs are float32 whatever the logits' dtype.
 
 ``TritonOps`` is the step backend a GPU decoder gets (``device_ops``): ATen's, with this
 ``row_top`` and ``self_attention`` through ``_ancestry_attention``: each row reads its own K/V
@@ -35,8 +35,8 @@ import os
 import torch
 from torch import Tensor
 
-from workers.cache import KVCache, StepAt
-from workers.step_ops import ATEN, AtenOps
+from raymt.workers.cache import KVCache, StepAt
+from raymt.workers.step_ops import ATEN, AtenOps
 
 logger = logging.getLogger(__name__)
 

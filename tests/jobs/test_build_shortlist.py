@@ -1,13 +1,13 @@
-"""jobs.build_shortlist on a Multi30k slice, then jobs.translate with the table it wrote."""
+"""raymt.jobs.build_shortlist on a Multi30k slice, then raymt.jobs.translate with the table it wrote."""
 from __future__ import annotations
 
 import pyarrow.parquet as pq
 
-from jobs.build_shortlist import main as build
-from jobs.translate import main as translate
-from pipeline.shortlists import load_table
+from raymt.jobs.build_shortlist import main as build
+from raymt.jobs.translate import main as translate
+from raymt.pipeline.shortlists import load_table
 from tests.conftest import ROOT, shared_path
-from workers.translator import Translator
+from raymt.workers.translator import Translator
 
 SAMPLE = ROOT / "examples" / "sample.de.txt"
 

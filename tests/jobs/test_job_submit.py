@@ -1,4 +1,4 @@
-"""``ray job submit --working-dir . -- python -m jobs.translate ...`` against a real
+"""``ray job submit --working-dir . -- python -m raymt.jobs.translate ...`` against a real
 ``ray start --head`` cluster (its own ports, temp dir and home, stopped at the end by its own process
 group), exactly as the README writes it: ``RAY_AUTH_MODE=token`` exported, ``ray get-auth-token
 --generate``, ``ray start --head``, ``ray job submit`` (``ray start`` in this Ray turns token
@@ -65,7 +65,7 @@ def test_ray_job_submit_runs_the_translate_job(demo_model_dir, tmp_path):
         submit_env = {**env, "RAY_ADDRESS": f"http://127.0.0.1:{dash}"}
         job_id = f"raymt-test-{os.getpid()}"
         cmd = [*ray_cli(), "job", "submit", "--submission-id", job_id, "--working-dir", ".", "--",
-               "python", "-m", "jobs.translate", "--model", "models/demo-de-en", "--input", "examples/sample.de.txt",
+               "python", "-m", "raymt.jobs.translate", "--model", "models/demo-de-en", "--input", "examples/sample.de.txt",
                "--output", str(out), "--beam-size", "2", "--threads", "1"]
         wait_for_job_server(f"http://127.0.0.1:{dash}/api/version", head)
         done = subprocess.run(cmd, cwd=ROOT, env=submit_env, capture_output=True, text=True, timeout=400)

@@ -22,9 +22,9 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_readme_translate_command_runs(demo_model_dir, tmp_path):
-    translate = next(part for part in readme_commands()[0].split(" && ") if "jobs.translate" in part)
+    translate = next(part for part in readme_commands()[0].split(" && ") if "raymt.jobs.translate" in part)
     args = shlex.split(translate)
-    assert args[:3] == ["python", "-m", "jobs.translate"]
+    assert args[:3] == ["python", "-m", "raymt.jobs.translate"]
     args[args.index("--output") + 1] = str(tmp_path / "sample.en.txt")
     args[args.index("--model") + 1] = str(demo_model_dir)
     subprocess.run([sys.executable, *args[1:]], cwd=ROOT, check=True, capture_output=True, timeout=600)

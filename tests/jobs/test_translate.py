@@ -5,7 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.translate import main
+from raymt.jobs.translate import main
 from tests.conftest import ROOT
 
 SAMPLE = ROOT / "examples" / "sample.de.txt"
@@ -61,8 +61,8 @@ def test_streaming_batching_gives_the_batch_output(demo_model_dir, tmp_path):
 
 
 def test_fast_preset_is_the_measured_pruning_unless_heuristics_are_given():
-    from jobs.translate import build_parser, search_config
-    from workers.config import FAST_PRUNING
+    from raymt.jobs.translate import build_parser, search_config
+    from raymt.workers.config import FAST_PRUNING
     base = ["--model", "m", "--input", "i", "--output", "o"]
     assert search_config(build_parser().parse_args(base)).pruning.active is False  # exact by default
     assert search_config(build_parser().parse_args([*base, "--fast"])).pruning == FAST_PRUNING
@@ -70,8 +70,8 @@ def test_fast_preset_is_the_measured_pruning_unless_heuristics_are_given():
 
 
 def test_batching_auto_is_topup_unless_batches_decide_the_output():
-    from jobs.translate import build_parser, scheduler_config, search_config, signature
-    from workers.scheduler import Policy
+    from raymt.jobs.translate import build_parser, scheduler_config, search_config, signature
+    from raymt.workers.scheduler import Policy
     base = ["--model", "m", "--input", "i", "--output", "o"]
     auto = build_parser().parse_args(base)
     assert scheduler_config(auto).policy is Policy.TOPUP and "|batching:topup" in signature(auto, search_config(auto))
@@ -81,8 +81,8 @@ def test_batching_auto_is_topup_unless_batches_decide_the_output():
 
 
 def test_batching_defaults_follow_the_device_and_flags_win(tmp_path):
-    from jobs.translate import build_parser, pipeline_config, search_config
-    from workers.device import CPU_DEFAULTS, GPU_DEFAULTS
+    from raymt.jobs.translate import build_parser, pipeline_config, search_config
+    from raymt.workers.device import CPU_DEFAULTS, GPU_DEFAULTS
     base = ["--model", "m", "--input", "i", "--output", str(tmp_path / "o")]
 
     def settings(*extra):
@@ -153,7 +153,7 @@ def test_a_small_job_without_a_cluster_runs_in_process_without_starting_ray(demo
     import subprocess
     import sys
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_JOB_ID")}
-    out = subprocess.run([sys.executable, "-m", "jobs.translate", "--model", str(demo_model_dir), "--input", str(SAMPLE),
+    out = subprocess.run([sys.executable, "-m", "raymt.jobs.translate", "--model", str(demo_model_dir), "--input", str(SAMPLE),
                           "--output", str(tmp_path / "o.txt"), "--beam-size", "2"], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -164,7 +164,7 @@ def test_a_small_job_without_a_cluster_runs_in_process_without_starting_ray(demo
 def test_debug_gives_the_traceback_instead_of_one_line(demo_model_dir, tmp_path):
     import pytest
 
-    from pipeline.model_check import ModelError
+    from raymt.pipeline.model_check import ModelError
     model = broken_model(tmp_path, demo_model_dir, drop=("vocab.json",))
     with pytest.raises(ModelError, match="tokenizer file"):
         main(["--model", str(model), "--input", str(SAMPLE), "--output", str(tmp_path / "o.txt"), "--debug"])
@@ -184,7 +184,7 @@ def test_an_in_process_job_prints_progress_inside_its_unit(demo_model_dir, tmp_p
 
 
 def test_one_model_spelled_two_ways_has_one_signature_and_bad_options_are_usage_errors(capsys):
-    from jobs.translate import build_parser, search_config, signature
+    from raymt.jobs.translate import build_parser, search_config, signature
 
     def sig(model: str) -> str:
         args = build_parser().parse_args(["--model", model, "--input", "i", "--output", "o"])

@@ -6,7 +6,7 @@ import socket
 import fsspec
 import pytest
 
-from pipeline.storage import storage_options
+from raymt.pipeline.storage import storage_options
 
 
 def free_port() -> int:

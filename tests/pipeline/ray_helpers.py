@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.sink import OutputStore
+from raymt.pipeline.sink import OutputStore
 from tests.conftest import ROOT
 
 SAMPLE = [line for line in (ROOT / "examples" / "sample.de.txt").read_text(encoding="utf-8").split("\n") if line]
@@ -47,7 +47,7 @@ def assert_exactly_once(output: str, ids: list) -> pa.Table:
 
 def spawn_driver(address: str, args: list[str], log: Path) -> subprocess.Popen:
     env = {**os.environ, "RAY_ADDRESS": address, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "jobs.translate", *args], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "raymt.jobs.translate", *args], cwd=ROOT, env=env,
                             stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 

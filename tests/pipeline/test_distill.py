@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.distill import main
-from pipeline.distill import Filters, row_filters
+from raymt.jobs.distill import main
+from raymt.pipeline.distill import Filters, row_filters
 from tests.pipeline.ray_helpers import clean_corpus, start_ray
 
 
@@ -57,8 +57,8 @@ def test_distill_job_writes_training_ready_parquet(cluster, demo_model_dir, tmp_
 
 
 def test_a_student_trains_on_the_kept_distilled_rows(tmp_path) -> None:
-    from jobs.train_demo import main as train_main
-    from pipeline.demo_training import read_distilled
+    from tools.train_demo import main as train_main
+    from tools.demo_training import read_distilled
     from tests.conftest import shared_path
 
     data = shared_path("multi30k", "train.de").parent

@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.translate import main
-from pipeline.sink import OutputStore
+from raymt.jobs.translate import main
+from raymt.pipeline.sink import OutputStore
 from tests.pipeline.conftest import free_port
 from tests.pipeline.ray_helpers import (
     assert_exactly_once,
@@ -279,7 +279,7 @@ class _Done:
 
 
 def test_a_decoder_no_node_can_hold_fails_at_once_unless_autoscaling(cluster, demo_model_dir, tmp_path):
-    from pipeline.driver import ResourcesUnavailable, check_placeable
+    from raymt.pipeline.driver import ResourcesUnavailable, check_placeable
     start = time.time()
     with pytest.raises(SystemExit, match=r"asks for 1 GPU\(s\) and 1 CPU\(s\), and no node .*0 GPU\(s\) in all"):
         main(job(demo_model_dir, write_corpus(tmp_path / "in.parquet", clean_corpus(5)), tmp_path / "out",

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from jobs.translate import main
+from raymt.jobs.translate import main
 from tests.pipeline.ray_helpers import clean_corpus, start_ray, write_corpus
 
 pytestmark = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.guards import OutputRefused, check_output
+from raymt.pipeline.guards import OutputRefused, check_output
 from tests.conftest import ROOT
 
 SAMPLE = ROOT / "examples" / "sample.de.txt"
 
 
 def cli(model: Path, src: Path | str, out: Path | str, *flags: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jobs.translate", "--in-process", "--model", str(model), "--input",
+    return subprocess.run([sys.executable, "-m", "raymt.jobs.translate", "--in-process", "--model", str(model), "--input",
                            str(src), "--output", str(out), "--beam-size", "1", *flags],
                           cwd=cwd, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -87,7 +87,7 @@ def test_no_space_left_while_assembling_is_one_line_leaves_nothing_partial_and_a
     small, parts = tmp_path / "small", tmp_path / "parts"
     small.mkdir()
     parts.mkdir()
-    job = (f"{sys.executable} -m jobs.translate --in-process --model {demo_model_dir} --input {src} "
+    job = (f"{sys.executable} -m raymt.jobs.translate --in-process --model {demo_model_dir} --input {src} "
            f"--output {small}/out.txt --beam-size 1")
     run = in_namespace(f"""
         mount -t tmpfs -o size=8k tmpfs {small} && ln -s {parts} {small}/out.txt.parts || exit 90
@@ -108,7 +108,7 @@ def test_a_read_only_output_is_one_line_before_any_work(demo_model_dir, tmp_path
     ro.mkdir()
     run = in_namespace(f"""
         mount -t tmpfs -o ro,size=64k tmpfs {ro} || exit 90
-        {sys.executable} -m jobs.translate --in-process --model {demo_model_dir} --input {SAMPLE} \
+        {sys.executable} -m raymt.jobs.translate --in-process --model {demo_model_dir} --input {SAMPLE} \
             --output {ro}/out/ --beam-size 1""")
     assert run.returncode == 1, run.stdout + run.stderr
     assert "Traceback" not in run.stderr
@@ -122,7 +122,7 @@ def test_no_space_for_a_part_stops_at_once_without_decoding_again_and_a_rerun_re
     src.write_text("\n".join(f"{lines[i % len(lines)]} ({i})" for i in range(160)) + "\n", encoding="utf-8")
     out = tmp_path / "out"
     out.mkdir()
-    job = (f"{sys.executable} -m jobs.translate --in-process --model {demo_model_dir} --input {src} "
+    job = (f"{sys.executable} -m raymt.jobs.translate --in-process --model {demo_model_dir} --input {src} "
            f"--output {out}/ --beam-size 1 --unit-rows 20")
     run = in_namespace(f"""
         mount -t tmpfs -o size=24k tmpfs {out} || exit 90

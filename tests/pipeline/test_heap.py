@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from pipeline import heap
-from pipeline.heap import trim_heap
+from raymt.pipeline import heap
+from raymt.pipeline.heap import trim_heap
 
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or heap._malloc_trim() is None,
                            reason="malloc_trim is glibc's")
@@ -44,10 +44,10 @@ def test_no_malloc_trim_is_a_no_op(monkeypatch):
 
 
 def test_the_decoder_trims_after_each_item(demo_model_dir, tmp_path, monkeypatch):
-    from pipeline import actors
-    from pipeline.actors import DecoderSettings, DecoderWorker
-    from pipeline.units import Columns, plan_units
-    from workers.config import SearchConfig
+    from raymt.pipeline import actors
+    from raymt.pipeline.actors import DecoderSettings, DecoderWorker
+    from raymt.pipeline.units import Columns, plan_units
+    from raymt.workers.config import SearchConfig
 
     src = tmp_path / "in.txt"
     src.write_text("Ein Hund läuft.\nZwei Männer spielen Fußball.\nEine Frau liest.\n")

@@ -15,10 +15,10 @@ import fsspec
 import pyarrow as pa
 import pytest
 
-from pipeline.errors import StorageFull
-from pipeline.lease import LEASE, Lease, LeaseLost, OutputBusy
-from pipeline.sink import OutputStore, output_table
-from pipeline.storage import storage_options
+from raymt.pipeline.errors import StorageFull
+from raymt.pipeline.lease import LEASE, Lease, LeaseLost, OutputBusy
+from raymt.pipeline.sink import OutputStore, output_table
+from raymt.pipeline.storage import storage_options
 from tests.conftest import ROOT
 
 SAMPLE = ROOT / "examples" / "sample.de.txt"
@@ -111,7 +111,7 @@ def test_no_space_left_is_one_line_and_not_retried(tmp_path, monkeypatch) -> Non
 
 # -- two real jobs on one output -----------------------------------------------------------------------------
 def translate(model: Path, src: Path, out: Path, *flags: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "jobs.translate", "--in-process", "--model", str(model),
+    return subprocess.Popen([sys.executable, "-m", "raymt.jobs.translate", "--in-process", "--model", str(model),
                              "--input", str(src), "--output", str(out), "--beam-size", "1", "--lease-ttl", "4",
                              "--progress-every", "1", *flags],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -10,8 +10,8 @@ import time
 import fsspec
 import pytest
 
-from pipeline.ledger import LEASE, Lease, OutputBusy, PlanRecord, file_version
-from pipeline.storage import storage_options
+from raymt.pipeline.ledger import LEASE, Lease, OutputBusy, PlanRecord, file_version
+from raymt.pipeline.storage import storage_options
 
 
 def record(**changes) -> PlanRecord:

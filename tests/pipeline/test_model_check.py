@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.model_check import ModelError, check_model
+from raymt.pipeline.model_check import ModelError, check_model
 from tests.conftest import ROOT
 
 BASE_MODEL = ROOT.parent / "shared" / "models" / "base-de-en"
@@ -175,7 +175,7 @@ def test_the_cli_refuses_a_hostile_model_in_one_message_without_a_traceback_or_o
     os.truncate(model / "model.safetensors", (model / "model.safetensors").stat().st_size - 1000)
     out = tmp_path / "out.txt"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_JOB_ID")}
-    done = subprocess.run([sys.executable, "-m", "jobs.translate", "--in-process", "--model", str(model), "--input",
+    done = subprocess.run([sys.executable, "-m", "raymt.jobs.translate", "--in-process", "--model", str(model), "--input",
                            str(SAMPLE), "--output", str(out)], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode != 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from jobs.translate import main
-from pipeline.sink import OutputStore
+from raymt.jobs.translate import main
+from raymt.pipeline.sink import OutputStore
 from tests.pipeline.ray_helpers import assert_exactly_once, clean_corpus, write_corpus
 
 

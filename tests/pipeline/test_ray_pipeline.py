@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 import sacrebleu
 
-from jobs.translate import main
-from pipeline.sink import OutputStore
-from pipeline.stats_report import batch_histogram
+from raymt.jobs.translate import main
+from raymt.pipeline.sink import OutputStore
+from raymt.pipeline.stats_report import batch_histogram
 from tests.pipeline.ray_helpers import (
     SAMPLE,
     assert_exactly_once,
@@ -24,8 +24,8 @@ from tests.pipeline.ray_helpers import (
     wait_for_commits,
     write_corpus,
 )
-from workers.config import SearchConfig
-from workers.translator import Translator
+from raymt.workers.config import SearchConfig
+from raymt.workers.translator import Translator
 
 LONG = " ".join(SAMPLE * 6)  # > 512 source tokens: must be split to fit the model's positions
 BAD = [None, "", "   ", "Ein\x00 Hund\x07 läuft.", LONG, "Zwei Hunde\tspielen."]

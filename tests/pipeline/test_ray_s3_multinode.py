@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.translate import main
+from raymt.jobs.translate import main
 from tests.pipeline.ray_helpers import clean_corpus, start_ray
 
 pytest.importorskip("moto.server")

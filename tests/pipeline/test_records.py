@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipeline.records import EncodedUnit
-from pipeline.units import WorkUnit
+from raymt.pipeline.records import EncodedUnit
+from raymt.pipeline.units import WorkUnit
 
 
 def test_encoded_unit_round_trips_through_an_arrow_block() -> None:

@@ -6,8 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.sink import OUTPUT_SCHEMA, OutputStore, assemble
-from pipeline.storage import storage_options
+from raymt.pipeline.sink import OUTPUT_SCHEMA, OutputStore, assemble
+from raymt.pipeline.storage import storage_options
 
 
 def part(rows: list[int], ids: list | None = None) -> pa.Table:
@@ -40,10 +40,10 @@ def test_part_without_marker_is_not_committed(tmp_path) -> None:
 def test_a_decoded_unit_s_part(demo_model_dir) -> None:
     """``decoded_table``: a row of one piece gets its hypotheses as n-best; a row cut into pieces, their
     best joined, scores summed, that one as n-best; a row with no piece, "" and no n-best."""
-    from pipeline.actors import decoded_table
-    from pipeline.records import EncodedUnit
-    from workers.search import Hypothesis
-    from workers.translator import Translator
+    from raymt.pipeline.actors import decoded_table
+    from raymt.pipeline.records import EncodedUnit
+    from raymt.workers.search import Hypothesis
+    from raymt.workers.translator import Translator
 
     tok = Translator.load(str(demo_model_dir)).checkpoint.tokenizer
     ids = {w: tuple(tok.encode_target(w)) for w in ("A dog.", "Two men.", "A cat.", "Hello", "there")}

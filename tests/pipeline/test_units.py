@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import units
-from pipeline.units import (Columns, CorruptInput, InputError, auto_unit_rows, check_apart, plan_units,
+from raymt.pipeline import units
+from raymt.pipeline.units import (Columns, CorruptInput, InputError, auto_unit_rows, check_apart, plan_units,
                             read_text_lines, read_unit)
 
 

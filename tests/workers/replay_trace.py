@@ -28,7 +28,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
-from workers.engine import Engine
+from raymt.workers.engine import Engine
 
 KERNELS = ("ancestry_attention", "source_attention", "row_top_log_softmax")  # workers/triton_ops.py's launches
 CAPTURED = 1  # the step GraphedStep captures (0-based): the first runs eagerly to warm up

@@ -19,12 +19,12 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from workers.cache import KVCache, StepAt
-from workers.config import ModelConfig, SearchConfig
-from workers.engine import DecodeStats
-from workers.model import OutputHead
-from workers.search import Hypothesis
-from workers.step_ops import ATEN, AtenOps
+from raymt.workers.cache import KVCache, StepAt
+from raymt.workers.config import ModelConfig, SearchConfig
+from raymt.workers.engine import DecodeStats
+from raymt.workers.model import OutputHead
+from raymt.workers.search import Hypothesis
+from raymt.workers.step_ops import ATEN, AtenOps
 
 E, A, B, C, D, PAD = range(6)
 V = 6

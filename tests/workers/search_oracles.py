@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from workers.search import NEG_INF, Candidates, Hypothesis, length_normalize
+from raymt.workers.search import NEG_INF, Candidates, Hypothesis, length_normalize
 
 
 def normalized_log_probs(logits: Tensor, pad_id: int, force_eos: Tensor | None = None,

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from tests.workers.scripted import ScriptedModel, random_tables
-from workers.config import PruningConfig, SearchConfig
-from workers.engine import DecodeStats, beam_search
-from workers.native import load as load_native
-from workers.step_ops import ATEN, NativeOps
+from raymt.workers.config import PruningConfig, SearchConfig
+from raymt.workers.engine import DecodeStats, beam_search
+from raymt.workers.native import load as load_native
+from raymt.workers.step_ops import ATEN, NativeOps
 
 
 def native_or_skip() -> NativeOps:

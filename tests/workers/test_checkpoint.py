@@ -15,9 +15,9 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from pipeline.storage import model_reader
+from raymt.pipeline.storage import model_reader
 from tests.conftest import shared_path
-from workers.checkpoint import (
+from raymt.workers.checkpoint import (
     SIZE_LIMITS,
     UnsupportedCheckpoint,
     config_from_hf,
@@ -30,8 +30,8 @@ from workers.checkpoint import (
     state_layout,
     unique_state,
 )
-from workers.config import ModelConfig
-from workers.model import MarianModel, sinusoidal_table
+from raymt.workers.config import ModelConfig
+from raymt.workers.model import MarianModel, sinusoidal_table
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses"),
               pytest.mark.usefixtures("one_thread")]

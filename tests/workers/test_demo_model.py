@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import shared_path
-from workers.config import SearchConfig
-from workers.translator import Translator
+from raymt.workers.config import SearchConfig
+from raymt.workers.translator import Translator
 
 
 def read(path) -> list[str]:

@@ -12,11 +12,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from workers.config import PruningConfig, SearchConfig
-from workers.scheduler import Policy, SchedulerConfig
-from workers.shortlist import LexicalTable, Shortlist
-from workers.step_ops import ATEN
-from workers.translator import Translator
+from raymt.workers.config import PruningConfig, SearchConfig
+from raymt.workers.scheduler import Policy, SchedulerConfig
+from raymt.workers.shortlist import LexicalTable, Shortlist
+from raymt.workers.step_ops import ATEN
+from raymt.workers.translator import Translator
 
 TEXTS = ["Ein Hund rennt über die Wiese.", "Zwei Männer spielen Fußball im Park.", "", "Eine Frau liest."]
 
@@ -52,7 +52,7 @@ def test_a_shortlisted_decode_moves_its_candidates_to_the_model(translator):
 
 
 def test_load_places_the_model_and_keeps_the_cpu_rewrites_to_the_cpu(demo_model_dir):
-    from workers.speedups import onednn_available
+    from raymt.workers.speedups import onednn_available
     plain = Translator.load(str(demo_model_dir), device=torch.device("cpu"))
     assert plain.checkpoint.model.device == torch.device("cpu")
     assert (plain.checkpoint.model.vocab_head is not None) == onednn_available()  # the CPU rewrites applied
@@ -63,7 +63,7 @@ def test_load_places_the_model_and_keeps_the_cpu_rewrites_to_the_cpu(demo_model_
 
 
 def test_the_static_step_creates_every_tensor_on_the_models_device(translator):
-    from workers.engine import Engine, StaticStep
+    from raymt.workers.engine import Engine, StaticStep
 
     sources = translator.encode(TEXTS[:2] + TEXTS[3:])
     sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2, beam_size=3)
@@ -76,7 +76,7 @@ def test_the_static_step_creates_every_tensor_on_the_models_device(translator):
 def test_batch_decoding_with_the_static_step_runs_its_batches_on_one_engine(translator, monkeypatch):
     """A static step is captured once per engine on a GPU, so batch decoding with it runs every batch
     (max_batch_size = 2 here: three batches) on one engine, and decodes exactly as batch decoding."""
-    from workers.engine import StaticStep
+    from raymt.workers.engine import StaticStep
 
     sources = translator.encode(TEXTS[:2] + TEXTS[3:] + ["Ein Mann fährt Fahrrad.", "Kinder spielen."])
     cfg = SearchConfig(beam_size=3, num_hypotheses=2)
@@ -119,7 +119,7 @@ def test_the_device_step_never_reads_the_device(demo_model_dir, beam, static, pr
     reorder) runs here on a ``meta`` model, where any read of a tensor's values (``.item()``,
     ``bool()``, ``nonzero``, a boolean-mask index) raises: so the step has no host sync and a data-
     independent shape, which capture needs, and it creates nothing from host values."""
-    from workers.engine import Engine, StaticStep
+    from raymt.workers.engine import Engine, StaticStep
 
     sources = Translator.load(str(demo_model_dir)).encode(TEXTS[:2] + TEXTS[3:])
     model = Translator.load(str(demo_model_dir), device="meta").checkpoint.model

@@ -14,11 +14,11 @@ import pytest
 
 from tests.workers.scripted import (A, B, C, D, E, V, ProbsFn, ScriptedModel, Table, decode, random_tables,
                                     scripted)
-from workers.config import SearchConfig
-from workers.engine import DecodeStats, beam_search, greedy_search
-from workers.native import load as load_native
-from workers.step_ops import ATEN, AtenOps, NativeOps
-from workers.search import Hypothesis
+from raymt.workers.config import SearchConfig
+from raymt.workers.engine import DecodeStats, beam_search, greedy_search
+from raymt.workers.native import load as load_native
+from raymt.workers.step_ops import ATEN, AtenOps, NativeOps
+from raymt.workers.search import Hypothesis
 
 
 def assert_hyps(actual: list[Hypothesis], expected: Sequence[tuple[tuple[int, ...], float]],

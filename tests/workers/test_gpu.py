@@ -10,11 +10,11 @@ import sacrebleu
 import torch
 
 from tests.conftest import shared_path
-from workers.config import SearchConfig
-from workers.scheduler import Policy, SchedulerConfig
-from workers.speedups import CpuSpeedups
-from workers.step_ops import ATEN
-from workers.translator import Translator
+from raymt.workers.config import SearchConfig
+from raymt.workers.scheduler import Policy, SchedulerConfig
+from raymt.workers.speedups import CpuSpeedups
+from raymt.workers.step_ops import ATEN
+from raymt.workers.translator import Translator
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -66,8 +66,8 @@ def test_one_readback_per_step_on_cuda(cuda):
 
 
 def test_the_decoder_worker_decodes_on_its_gpu(demo_model_dir, tmp_path):
-    from pipeline.actors import DecoderSettings, DecoderWorker
-    from pipeline.units import Columns
+    from raymt.pipeline.actors import DecoderSettings, DecoderWorker
+    from raymt.pipeline.units import Columns
 
     settings = DecoderSettings(model=str(demo_model_dir), output=str(tmp_path / "out"), search=SearchConfig(beam_size=2),
                                batching=None, signature="gpu-test", device="cuda")
@@ -81,8 +81,8 @@ def test_the_static_step_on_cuda_decodes_as_the_dynamic_one(cuda, monkeypatch):
     """Graph replay equals the same static step run eagerly, token for token (the same shapes, the
     same kernels); the static step equals the dynamic one but for rare near-ties (other row counts
     per step: cuBLAS may sum in another order)."""
-    from workers import engine as engine_module
-    from workers.engine import Engine, StaticStep
+    from raymt.workers import engine as engine_module
+    from raymt.workers.engine import Engine, StaticStep
 
     src, _ = lines(96)
     sources = cuda.encode(src)
@@ -104,7 +104,7 @@ def test_the_static_step_on_cuda_decodes_as_the_dynamic_one(cuda, monkeypatch):
 
 def test_a_gpu_decoder_gets_the_fused_triton_output_step(cuda):
     pytest.importorskip("triton", reason="Triton is not installed on this GPU machine")
-    from workers.triton_ops import TritonOps
+    from raymt.workers.triton_ops import TritonOps
 
     assert isinstance(cuda.checkpoint.model.ops, TritonOps)
     src, _ = lines(64)
@@ -120,7 +120,7 @@ def test_a_gpu_decoder_gets_the_fused_triton_output_step(cuda):
 
 
 def test_staged_index_copies_survive_a_host_running_ahead_of_the_device():
-    from workers.graphs import Staging
+    from raymt.workers.graphs import Staging
 
     staging = Staging.for_device(4, torch.device("cuda"), depth=2)
     copies = []
@@ -131,11 +131,11 @@ def test_staged_index_copies_survive_a_host_running_ahead_of_the_device():
 
 
 def test_the_gpu_defaults_translate_as_the_dynamic_step_and_fit_memory(cuda, monkeypatch):
-    """``jobs.translate --device cuda`` with no batching flags: 1024 slots, the static step read back
-    every 4 steps, top-up refilling at 5% empty (``workers.device.GPU_DEFAULTS``)."""
-    from workers import graphs
-    from workers.device import GPU_DEFAULTS as d
-    from workers.engine import StaticStep
+    """``raymt.jobs.translate --device cuda`` with no batching flags: 1024 slots, the static step read back
+    every 4 steps, top-up refilling at 5% empty (``raymt.workers.device.GPU_DEFAULTS``)."""
+    from raymt.workers import graphs
+    from raymt.workers.device import GPU_DEFAULTS as d
+    from raymt.workers.engine import StaticStep
 
     src, _ = lines(1000)
     sources, cfg = cuda.encode(src), SearchConfig(beam_size=5)

@@ -26,10 +26,10 @@ import pytest
 import torch
 
 from tests.conftest import shared_path
-from workers.checkpoint import save_checkpoint
-from workers.config import ModelConfig, SearchConfig
-from workers.model import MarianModel
-from workers.translator import Translator
+from raymt.workers.checkpoint import save_checkpoint
+from raymt.workers.config import ModelConfig, SearchConfig
+from raymt.workers.model import MarianModel
+from raymt.workers.translator import Translator
 
 transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses"),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.inputs import EMPTY, NORMALISED, NULL, OK, SPLIT, clean_text, split_to_fit
+from raymt.workers.inputs import EMPTY, NORMALISED, NULL, OK, SPLIT, clean_text, split_to_fit
 
 
 @pytest.mark.parametrize("value, text, status", [

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.config import ModelConfig
-from workers.cache import EncodedBatch, KVCache
-from workers.engine import prefix_mask
-from workers.model import MarianModel
-from workers.native import load as load_native
-from workers.step_ops import ATEN, NativeOps
+from raymt.workers.config import ModelConfig
+from raymt.workers.cache import EncodedBatch, KVCache
+from raymt.workers.engine import prefix_mask
+from raymt.workers.model import MarianModel
+from raymt.workers.native import load as load_native
+from raymt.workers.step_ops import ATEN, NativeOps
 
 V, PAD, EOS = 40, 39, 0
 ATOL = 1e-5

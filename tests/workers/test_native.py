@@ -10,12 +10,12 @@ import time
 import pytest
 import torch
 
-from workers.cache import KVCache
-from workers.native import load
-from workers.search import row_top_log_probs
-from workers.speedups import EXACT
-from workers.step_ops import ATEN, NativeOps, attend
-from workers.translator import Translator
+from raymt.workers.cache import KVCache
+from raymt.workers.native import load
+from raymt.workers.search import row_top_log_probs
+from raymt.workers.speedups import EXACT
+from raymt.workers.step_ops import ATEN, NativeOps, attend
+from raymt.workers.translator import Translator
 
 NEG_INF = float("-inf")
 
@@ -181,10 +181,10 @@ def test_cross_attention_rows_of_one_sentence_share_a_pass(ops, d) -> None:
 
 def test_decoding_falls_back_to_aten_where_the_operators_cannot_be_built(tmp_path, demo_model_dir) -> None:
     probe = ("import logging, sys; logging.basicConfig(level=logging.WARNING)\n"
-             "from workers.native import load\n"
-             "from workers.translator import Translator\n"
+             "from raymt.workers.native import load\n"
+             "from raymt.workers.translator import Translator\n"
              "t = Translator.load(sys.argv[1])\n"
-             "from workers.step_ops import ATEN\n"
+             "from raymt.workers.step_ops import ATEN\n"
              "assert load() is None and t.checkpoint.model.ops is ATEN\n"
              "print(t.translate(['Ein Hund läuft.'])[0].text)\n")
     env = {**os.environ, "CXX": "/bin/false", "TORCH_EXTENSIONS_DIR": str(tmp_path)}
@@ -264,7 +264,7 @@ def test_a_build_killed_midway_never_blocks_a_later_load(tmp_path) -> None:
     """No lock is shared between processes: a builder SIGKILLed mid-compile (a decoder actor killed while
     loading) leaves only its private directory, and the next process builds (or loads) without waiting."""
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
-    probe = "import sys; from workers.native import load; sys.exit(0 if load() is not None else 3)"
+    probe = "import sys; from raymt.workers.native import load; sys.exit(0 if load() is not None else 3)"
     builder = subprocess.Popen([sys.executable, "-c", probe], env=env, cwd=os.getcwd(), start_new_session=True)
     deadline = time.time() + 120
     while not list(tmp_path.glob("raymt/*-build-*/build.ninja")) and time.time() < deadline:

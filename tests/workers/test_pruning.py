@@ -18,9 +18,9 @@ from tests.workers.scripted import (
     random_tables,
     scripted,
 )
-from workers.config import PruningConfig, SearchConfig
-from workers.engine import DecodeStats, beam_search
-from workers.pruning import RunningCandidates, keep_mask
+from raymt.workers.config import PruningConfig, SearchConfig
+from raymt.workers.engine import DecodeStats, beam_search
+from raymt.workers.pruning import RunningCandidates, keep_mask
 
 INF = float("-inf")
 

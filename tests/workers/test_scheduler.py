@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.scheduler import (CapacityUnit, Policy, Request, Scheduler, SchedulerConfig, Status, StepOutput,
+from raymt.workers.scheduler import (CapacityUnit, Policy, Request, Scheduler, SchedulerConfig, Status, StepOutput,
                                StepPlan)
 
 

@@ -16,9 +16,9 @@ from tests.workers.scripted import (
     random_tables,
     scripted,
 )
-from workers.config import SearchConfig
-from workers.engine import beam_search, greedy_search
-from workers.shortlist import (
+from raymt.workers.config import SearchConfig
+from raymt.workers.engine import beam_search, greedy_search
+from raymt.workers.shortlist import (
     LexicalTable,
     Shortlist,
     coverage,
@@ -111,8 +111,8 @@ def test_shortlist_restricts_outputs_and_renormalises() -> None:
 
 
 def test_model_projection_gathers_candidate_rows_and_bias() -> None:
-    from workers.config import ModelConfig
-    from workers.model import MarianModel
+    from raymt.workers.config import ModelConfig
+    from raymt.workers.model import MarianModel
     torch.manual_seed(0)
     model = MarianModel(ModelConfig(vocab_size=20, decoder_vocab_size=20, d_model=8, encoder_layers=1,
                                     decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,

@@ -1,5 +1,5 @@
 """CPU speed-ups: fused QKV and oneDNN packing keep the translations (float32, another summation
-order); int8 stays close (its BLEU change is benchmarked in jobs.bench)."""
+order); int8 stays close (its BLEU change is benchmarked in benchmarks.bench)."""
 from __future__ import annotations
 
 import math
@@ -13,11 +13,11 @@ import pytest
 import sacrebleu
 import torch
 
-from workers.config import SearchConfig
-from workers.search import row_top_log_probs
-from workers.shortlist import LexicalTable, Shortlist
-from workers.speedups import EXACT, CpuSpeedups, Int8Linear, PackedLinear, amx_int8, onednn_available, small_work
-from workers.translator import Translator
+from raymt.workers.config import SearchConfig
+from raymt.workers.search import row_top_log_probs
+from raymt.workers.shortlist import LexicalTable, Shortlist
+from raymt.workers.speedups import EXACT, CpuSpeedups, Int8Linear, PackedLinear, amx_int8, onednn_available, small_work
+from raymt.workers.translator import Translator
 from tests.pipeline.ray_helpers import clean_corpus
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear kernels")
@@ -126,7 +126,7 @@ def test_exact_speedups_keep_outputs_and_int8_stays_close(demo_model_dir) -> Non
 
 WARM_HEAP_PROBE = """
 import ctypes, resource, sys, torch
-from workers.speedups import warm_heap
+from raymt.workers.speedups import warm_heap
 def faults():  # a churn of 8-24 MB tensors of changing sizes, up to ~100 MB live
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for i in range(12):

@@ -6,14 +6,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from workers.config import ModelConfig, PruningConfig, SearchConfig
-from workers.engine import beam_search
-from workers.model import MarianModel
-from workers.scheduler import CapacityUnit, Policy, SchedulerConfig
-from workers.cache import KVCache
-from workers.engine import Engine, StaticStep
-from workers.native import load as load_native
-from workers.step_ops import NativeOps
+from raymt.workers.config import ModelConfig, PruningConfig, SearchConfig
+from raymt.workers.engine import beam_search
+from raymt.workers.model import MarianModel
+from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig
+from raymt.workers.cache import KVCache
+from raymt.workers.engine import Engine, StaticStep
+from raymt.workers.native import load as load_native
+from raymt.workers.step_ops import NativeOps
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V, PAD, EOS = 60, 59, 0
@@ -191,7 +191,7 @@ def test_the_device_advances_the_static_indices_as_the_host_would_build_them(mod
                                                                               monkeypatch):
     """Between plan changes the static step advances its own index buffer (``StaticIndices.advance``);
     at every such step the buffer equals what the host would have built, caps reached included."""
-    from workers.static_step import StaticIndices
+    from raymt.workers.static_step import StaticIndices
 
     build, checked = StaticIndices.step_index, []
 

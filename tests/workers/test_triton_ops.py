@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.step_ops import ATEN
+from raymt.workers.step_ops import ATEN
 
 triton = pytest.importorskip("triton", reason="Triton is not installed (pip install -e '.[test]' brings it)")
 
-from workers import triton_ops  # noqa: E402  (after the skip: its kernels need Triton)
+from raymt.workers import triton_ops  # noqa: E402  (after the skip: its kernels need Triton)
 
 RUNNABLE = triton_ops.INTERPRETED or torch.cuda.is_available()
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -75,7 +75,7 @@ def test_attention_through_the_ancestry_equals_atens_gathered_attention(t, n, dt
     """Each row over its own history, read in place through the ancestry (``ancestry_attention``),
     against ATen's path: gather the (t, N, H, D) copy, mask past each row's position, attend. Row 0
     reads the whole history, the last (an idle static row) only position 0, across BLOCK chunks."""
-    from workers.step_ops import attend
+    from raymt.workers.step_ops import attend
     torch.manual_seed(t * 31 + n)
     big, rows, h, d = 80, 9, 4, 16
     cache = torch.randn(big, 2, rows, h, d, device=DEVICE).to(dtype)  # (T, L, R, H, D): one layer of two
@@ -105,7 +105,7 @@ def test_attention_over_each_source_equals_atens_cross_attention(dtype, static):
     ATen's path over the planned slots' longest source with the padding masked (``static``: every
     slot planned, over the cache's whole source capacity). Lengths 1 to 37, across BLOCK chunks;
     the slots' K/V past their lengths are NaN, which the kernel never reads."""
-    from workers.cache import KVCache
+    from raymt.workers.cache import KVCache
     torch.manual_seed(int(static))
     h, d, k, capacity, lengths = 4, 16, 3, 40, [5, 37, 1, 17]
     cache = KVCache.empty(layers=2, heads=h, head_dim=d, slots=4, beam_size=k, source_capacity=capacity,
@@ -160,9 +160,9 @@ def test_rows_with_fewer_candidates_than_k_fill_with_minus_infinity():
 @kernels
 @pytest.mark.parametrize("beam, shortlisted", [(1, False), (4, True)])
 def test_a_decode_with_the_fused_output_step_equals_atens(demo_model_dir, beam, shortlisted):
-    from workers.config import SearchConfig
-    from workers.shortlist import LexicalTable, Shortlist
-    from workers.translator import Translator
+    from raymt.workers.config import SearchConfig
+    from raymt.workers.shortlist import LexicalTable, Shortlist
+    from raymt.workers.translator import Translator
     translator = Translator.load(str(demo_model_dir), device=DEVICE)
     model = translator.checkpoint.model
     shortlist = None
@@ -184,10 +184,10 @@ def test_a_decode_with_the_fused_output_step_equals_atens(demo_model_dir, beam, 
 def test_the_static_step_with_the_fused_output_step_decodes_as_atens_dynamic_one(demo_model_dir):
     """The one-shape step a CUDA graph replays (every slot's rows, forced EOS at the caps, results
     read back every other step) with the Triton output step: the dynamic ATen step's outputs."""
-    from workers.config import SearchConfig
-    from workers.engine import StaticStep
-    from workers.scheduler import Policy, SchedulerConfig
-    from workers.translator import Translator
+    from raymt.workers.config import SearchConfig
+    from raymt.workers.engine import StaticStep
+    from raymt.workers.scheduler import Policy, SchedulerConfig
+    from raymt.workers.translator import Translator
     translator = Translator.load(str(demo_model_dir), device=DEVICE)
     decoder = translator.checkpoint.model.model.decoder
     sources = translator.encode(["Ein Hund rennt über die Wiese.", "Eine Frau liest.", "Zwei Männer."])
@@ -253,11 +253,11 @@ def test_the_triton_attention_never_reads_an_unwritten_position(demo_model_dir, 
     position a row reads was written first, a static step's idle rows included, and every source
     position a row reads is its own sentence's. Here the never-written K/V, self- and cross-attention,
     are NaN: one read of them would poison that row's softmax and change the output."""
-    from workers.cache import KVCache
-    from workers.config import SearchConfig
-    from workers.engine import StaticStep
-    from workers.scheduler import Policy, SchedulerConfig
-    from workers.translator import Translator
+    from raymt.workers.cache import KVCache
+    from raymt.workers.config import SearchConfig
+    from raymt.workers.engine import StaticStep
+    from raymt.workers.scheduler import Policy, SchedulerConfig
+    from raymt.workers.translator import Translator
 
     empty, made = KVCache.empty.__func__, []
 
@@ -293,11 +293,11 @@ def test_the_static_step_with_the_triton_kernels_is_safe_to_replay(demo_model_di
     the same kernels on the same memory with the same scalars (the kernels as black boxes: what a
     CUDA graph records of them), through refills and readbacks every other step."""
     from tests.workers.replay_trace import CAPTURED, replay_mismatches, trace_static_decode
-    from workers.config import SearchConfig
-    from workers.engine import StaticStep
-    from workers.scheduler import Policy, SchedulerConfig
-    from workers.speedups import CpuSpeedups
-    from workers.translator import Translator
+    from raymt.workers.config import SearchConfig
+    from raymt.workers.engine import StaticStep
+    from raymt.workers.scheduler import Policy, SchedulerConfig
+    from raymt.workers.speedups import CpuSpeedups
+    from raymt.workers.translator import Translator
 
     class OnDevice(triton_ops.TritonOps):
         def may_any(self, mask: torch.Tensor) -> bool:  # (as on a GPU: the device is never read mid-step)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.config import SearchConfig
-from workers.scheduler import Policy, SchedulerConfig
-from workers.shortlist import LexicalTable, Shortlist
-from workers.translator import Translator
-from workers.tuning import BatchTuner, TunerConfig, bytes_per_sentence, fit_slots
+from raymt.workers.config import SearchConfig
+from raymt.workers.scheduler import Policy, SchedulerConfig
+from raymt.workers.shortlist import LexicalTable, Shortlist
+from raymt.workers.translator import Translator
+from raymt.workers.tuning import BatchTuner, TunerConfig, bytes_per_sentence, fit_slots
 
 
 def drive(tuner: BatchTuner, rate, batches: int) -> list[int]:
@@ -70,7 +70,7 @@ def test_slots_fit_half_the_free_memory() -> None:
 def test_a_gpu_decode_fits_its_slots_to_free_memory_with_the_same_output(demo_model_dir, monkeypatch) -> None:
     """``Translator._fit_to_memory`` (called on a CUDA device only; here on the CPU with the CUDA
     query answered): the slots shrink to what fits, sized by the call's longest sentence."""
-    from workers import graphs
+    from raymt.workers import graphs
 
     tr = Translator.load(str(demo_model_dir))
     texts = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch.",

@@ -1,0 +1,185 @@
+"""Speed against the peers: ours (exact, best) vs CTranslate2 (float32, int8) vs HF generate.
+
+    python -m benchmarks.bench --model models/demo-de-en --out reports/peers            # full (slow)
+    python -m benchmarks.bench --sets multi30k --lines 64 --beams 2 --repeats 1 --out /tmp/peers   # smoke
+
+Same model, input, beam, length penalty and thread count for every system, in one process,
+interleaved; model loading and a warm-up batch are excluded. Reports target tokens/s (median and
+spread), ours/CT2 and ours/HF ratios, sacreBLEU, peak-RSS growth, FLOPs per target token, achieved
+GFLOP/s and its share of a GEMM probe's peak, and (``--profile``) where ours' time goes by phase
+(``benchmarks/step_profile.py``). Writes ``<out>.md`` and ``<out>.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from dataclasses import replace
+
+import torch
+
+from benchmarks.peers import (
+    PeerRun,
+    ctranslate2_system,
+    gemm_peak_gflops,
+    hf_system,
+    ours,
+    rows,
+    run,
+    work_dir,
+)
+from raymt.pipeline.reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.shortlists import load_shortlist
+from benchmarks.step_profile import step_breakdown
+from raymt.workers.config import FAST_PRUNING, SearchConfig
+from raymt.workers.engine import DecodeStats
+from benchmarks.flops import flops_per_target_token
+from raymt.workers.scheduler import Policy, SchedulerConfig
+from raymt.workers.speedups import EXACT, CpuSpeedups
+from raymt.workers.translator import Translator
+
+BEST_PRUNING = FAST_PRUNING  # the search issue's pick (reports/search.md: rp 0.6, within 0.3 BLEU of exact)
+INT8 = replace(EXACT, int8=True)
+
+
+
+def add_flops(table: list[dict], translator: Translator, lines: list[str], beam: int, peak: float,
+              fan_out: float) -> None:
+    tok = translator.checkpoint.tokenizer
+    src_len = sum(len(tok.encode(x)) for x in lines) / len(lines)
+    for row in table:
+        tgt_len = row["target_tokens"] / len(lines) + 1
+        fpt = flops_per_target_token(translator.checkpoint.model.config, source_length=src_len,
+                                     target_length=tgt_len, fan_out=fan_out if row["system"] == "ours-best" else beam)
+        row["mflop_per_token"] = round(fpt / 1e6, 2)
+        row["gflop_per_s"] = round(fpt * row["tokens_per_s"] / 1e9, 2)
+        row["share_of_gemm_peak"] = round(fpt * row["tokens_per_s"] / 1e9 / peak, 4)
+
+
+BASELINE = ("baseline: fp32 torch layers, per-sentence cached cross-attn K/V, growing time-major self-attn cache, "
+            "warm heap (process-wide)")
+SPEEDUP_STEPS = (("ours-plain", BASELINE),
+                 ("ours+qkv", "+ fused QKV projection"), ("ours+onednn", "+ oneDNN-prepacked linear layers"),
+                 ("ours-exact", "+ native fused log-softmax/top-k and attention operators (the default)"),
+                 ("ours+int8", "+ int8 linear layers and output layer (per-channel weights)"),
+                 ("ours+bf16", "+ bfloat16 weights and activations (instead of int8)"))
+
+
+POLICIES = {"ours-topup": Policy.TOPUP, "ours-var-stream": Policy.VAR_STREAM, "ours-fifo": Policy.FIFO}
+RATIOS = (("ours-topup", "ours-exact"), ("ours-var-stream", "ours-exact"), ("ours-fifo", "ours-exact"),
+          ("ours-exact", "ct2-float32"), ("ours-exact-k", "ct2-float32"), ("ours+int8", "ct2-int8"),
+          ("ours-best", "ct2-int8"), ("ours-exact", "hf"), ("ours-best", "hf"), ("ct2-float32", "hf"))
+SAME_OUTPUT = (*((name, "ours-exact") for name in POLICIES), ("ours-exact", "hf"), ("ours-exact-k", "ct2-float32"),
+               ("ours-plain", "ours-exact"))
+
+
+def identical_outputs(systems: list) -> dict[str, int]:
+    """Lines translated identically by pairs that should agree (same search, float32)."""
+    by_name = {s.name: s.outputs for s in systems}
+    return {f"{a} = {b}": sum(x == y for x, y in zip(by_name[a], by_name[b]))
+            for a, b in SAME_OUTPUT if a in by_name and b in by_name}
+
+
+def loaded(args: argparse.Namespace, opts: CpuSpeedups) -> Translator:
+    return Translator.load(args.model, threads=args.threads, speedups=opts)
+
+
+def speedup_rows(table: list[dict]) -> list[dict]:
+    """The cumulative speed-up table from the systems that ran: tokens/s, speed-up, BLEU change."""
+    by_name = {r["system"]: r for r in table}
+    steps = [(name, label) for name, label in SPEEDUP_STEPS if name in by_name]
+    if not steps or steps[0][0] != "ours-plain":
+        return []
+    base = by_name["ours-plain"]
+    return [{"step": label, "tokens_per_s": by_name[n]["tokens_per_s"],
+             "speedup": round(by_name[n]["tokens_per_s"] / base["tokens_per_s"], 3),
+             "bleu": by_name[n]["bleu"], "bleu_change": round(by_name[n]["bleu"] - base["bleu"], 2)} for n, label in steps]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="models/demo-de-en")
+    p.add_argument("--data", default="../shared/data")
+    p.add_argument("--sets", default="multi30k,wmt22")
+    p.add_argument("--lines", type=int, default=0)
+    p.add_argument("--beams", default="1,5")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--shortlist", help="table for ours-best (lex.s2t or .vmap); none: pruning only")
+    p.add_argument("--shortlist-m", type=int, default=50, help="ours-best's translations per source token: with "
+                   "rp 0.6 and int8 together, M=10 cost 0.41 BLEU on Multi30k beam 5, M=50 0.13")
+    p.add_argument("--systems", default="ours-plain,ours+qkv,ours+onednn,ours-exact,ours-exact-k,ours+int8,ours+bf16,ours-best,"
+                   "ct2-float32,ct2-int8,hf", help="ours-plain, ours+qkv, ours+onednn, ours-exact, ours+int8: the cumulative CPU speed-ups "
+                   "(workers/speedups.py); ours+bf16: bfloat16 instead of int8; ours-exact-k: ours-exact stopping "
+                   "at K finished hypotheses, CTranslate2's rule (HF early_stopping=True); ours-best: int8 + rp 0.6 "
+                   "pruning + --shortlist; ours-topup, ours-var-stream, ours-fifo: ours-exact under that streaming "
+                   "policy over the length-sorted input (32 sentences), against batch decoding (ours-exact)")
+    p.add_argument("--profile", default="ours-exact,ours-best",
+                   help="systems (ours-*) whose run is profiled by phase after the timing (empty: none)")
+    p.add_argument("--out", default="reports/peers")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    torch.set_num_threads(args.threads)
+    translator = loaded(args, EXACT)
+    best_translator, best_stats = loaded(args, INT8), DecodeStats()  # its own stats: the fan-out of ours-best
+    shortlist = None
+    if args.shortlist:
+        shortlist = load_shortlist(args.shortlist, translator.checkpoint.tokenizer, top_m=args.shortlist_m, top_n=100,
+                                   special_ids=translator.special_target_ids())
+    peak = gemm_peak_gflops(args.threads)
+    report = {"model": args.model, "threads": args.threads, "repeats": args.repeats, "gemm_peak_gflops": round(peak, 1),
+              "best": {"pruning": BEST_PRUNING.signature(), "shortlist": args.shortlist}, "tables": {}}
+    md = [f"# Peer benchmark\n\nmodel `{args.model}`, {args.threads} threads, median of {args.repeats} interleaved "
+          f"runs; GEMM probe {peak:.0f} GFLOP/s. Ratios are within one run.\n"]
+    tmp = work_dir()
+    count = lambda text: len(translator.checkpoint.tokenizer.target_spm.encode(text))  # noqa: E731
+    for beam in map(int, args.beams.split(",")):
+        cfg = SearchConfig(beam_size=beam, max_length_a=0.0, max_length_b=256, max_decoding_length=256)
+        best = replace(cfg, pruning=BEST_PRUNING)
+        factories = {"ours-exact": lambda: ours(translator, cfg), "ours-best": lambda: ours(best_translator, best, shortlist, best_stats),
+                     "ours-exact-k": lambda: ours(translator, replace(cfg, early_stopping=True)),
+                     "ours-plain": lambda: ours(loaded(args, CpuSpeedups()), cfg),
+                     "ours+qkv": lambda: ours(loaded(args, CpuSpeedups(fused_qkv=True)), cfg),
+                     "ours+onednn": lambda: ours(loaded(args, replace(EXACT, native=False)), cfg),
+                     "ours+int8": lambda: ours(loaded(args, INT8), cfg),
+                     "ours+bf16": lambda: ours(loaded(args, replace(EXACT, bf16=True)), cfg),
+                     "ct2-float32": lambda: ctranslate2_system(args.model, "float32", args.threads, cfg, translator, tmp),
+                     "ct2-int8": lambda: ctranslate2_system(args.model, "int8", args.threads, cfg, translator, tmp),
+                     "hf": lambda: hf_system(args.model, cfg),
+                     **{name: (lambda p=policy: ours(translator, cfg, batching=SchedulerConfig(
+                         policy=p, max_batch_sentences=translator.max_batch_size,
+                         capacity=translator.max_batch_size, beam_size=beam))) for name, policy in POLICIES.items()}}
+        systems = [PeerRun(name, factories[name]()) for name in args.systems.split(",")]
+        for name in args.sets.split(","):
+            lines = read_lines(os.path.join(args.data, SETS[name][0]), args.lines)
+            refs = read_lines(os.path.join(args.data, SETS[name][1]), args.lines)
+            for s in systems:
+                s.seconds.clear()
+            rows_before, tokens_before = best_stats.row_steps, best_stats.target_tokens
+            run(systems, lines, args.repeats)
+            fan_out = (best_stats.row_steps - rows_before) / max(best_stats.target_tokens - tokens_before, 1)
+            table = rows(systems, refs, count)
+            add_flops(table, translator, lines, beam, peak, fan_out)
+            by_name = {r["system"]: r["tokens_per_s"] for r in table}
+            ratios = {f"{a} / {b}": round(by_name[a] / by_name[b], 3) for a, b in RATIOS
+                      if a in by_name and b in by_name}
+            same = identical_outputs(systems)
+            report["tables"][f"{name}/beam{beam}"] = {"rows": table, "ratios": ratios, "identical_outputs": same}
+            md += [f"## {name}, beam {beam}\n", markdown_table(table), "",
+                   "Ratios: " + ", ".join(f"{k} = {v}" for k, v in ratios.items()), "",
+                   "Identical outputs (lines): " + ", ".join(f"{k} {v}/{len(lines)}" for k, v in same.items()), ""]
+            for system in [s for s in systems if s.name in args.profile.split(",")]:
+                phases = step_breakdown(system.translate, lines)
+                report["tables"][f"{name}/beam{beam}/profile/{system.name}"] = phases
+                md += [f"### Where the time goes: {system.name}, {name}, beam {beam} (shares of one profiled run)\n",
+                       markdown_table(phases), ""]
+            steps = speedup_rows(table)
+            if len(steps) > 1:
+                report["tables"][f"{name}/beam{beam}/speedups"] = steps
+                md += [f"### CPU speed-ups, cumulative (Devlin Table 1 form), {name}, beam {beam}\n",
+                       markdown_table(steps), ""]
+    write_report(args.out, report, md)
+
+
+if __name__ == "__main__":
+    main()

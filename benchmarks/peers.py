@@ -1,0 +1,184 @@
+"""Ours vs CTranslate2 vs HF generate: same model, input, beam, threads, interleaved.
+
+Each system is a ``translate(lines) -> list[str]`` callable built once (model loading and a
+warm-up batch excluded from timing). CTranslate2 runs in a child process of its own that never
+imports torch (``benchmarks.ct2_process``), started and warmed up before each of its timed runs,
+untimed, and ended after. Either library slows the other when both live in one process: a live
+``ctranslate2.Translator`` made our torch decoder ~20% slower (Intel Xeon; idle CPU ticks during
+our run 1 -> ~150, as under ``OMP_WAIT_POLICY=PASSIVE``), and a process where torch had run made
+CTranslate2 2.4x slower (AMD EPYC, ``benchmarks/ct2_process.py``). No user runs both in one process.
+Runs go A B C A B C ... ``repeats`` times; throughput is target tokens (output pieces,
+re-tokenised with the model's target sentencepiece so every system is counted alike) per second,
+median and spread. Ratios within one run are the result.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import sacrebleu
+import torch
+
+from benchmarks.ct2_process import Ct2Process
+from raymt.workers.config import SearchConfig
+from raymt.workers.engine import DecodeStats
+from raymt.workers.scheduler import SchedulerConfig
+from raymt.workers.shortlist import Shortlist
+from raymt.workers.translator import Translator
+
+logger = logging.getLogger(__name__)
+Translate = Callable[[list[str]], list[str]]
+
+
+@dataclass
+class PeerRun:
+    name: str
+    translate: Translate
+    seconds: list[float] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    rss_growth_mb: float = 0.0
+
+    def load(self, warmup: list[str]) -> None:
+        """Before a timed run: a system that is not kept resident (``Ct2Translator``) loads here and
+        translates ``warmup``."""
+        getattr(self.translate, "load", lambda _: None)(warmup)
+
+    def unload(self) -> None:
+        """After a timed run."""
+        getattr(self.translate, "unload", lambda: None)()
+
+
+def ours(translator: Translator, cfg: SearchConfig, shortlist: Shortlist | None = None,
+         stats: DecodeStats | None = None, batching: SchedulerConfig | None = None) -> Translate:
+    """Our translator as a system; ``stats``: the engine's counters, summed over every call;
+    ``batching``: a streaming policy over the length-sorted input instead of batch decoding."""
+    return lambda lines: [t.text for t in translator.translate(lines, cfg, shortlist, batching, stats=stats)]
+
+
+class Ct2Translator:
+    """CTranslate2 as a system: source pieces + ``</s>`` as CT2's docs do, ``max_batch_size`` examples
+    per batch (CTranslate2 sorts the input by length into batches). It runs in a child process
+    without torch (``benchmarks.ct2_process``) that lives only between ``load`` (which also translates
+    a warm-up batch) and ``unload`` (module docstring). The pickled pieces' round trip is inside its
+    timing: ~1 ms for 1000 lines."""
+
+    def __init__(self, path: str, compute_type: str, threads: int, cfg: SearchConfig, translator: Translator,
+                 max_batch_size: int) -> None:
+        self.path, self.compute_type, self.threads, self.cfg = path, compute_type, threads, cfg
+        self.tok, self.max_batch_size = translator.checkpoint.tokenizer, max_batch_size
+        self._ct2: Ct2Process | None = None
+
+    def load(self, warmup: list[str] = ()) -> None:
+        if self._ct2 is None:
+            self._ct2 = Ct2Process(self.path, self.compute_type, self.threads)
+            if warmup:
+                self(list(warmup))
+
+    def unload(self) -> None:
+        if self._ct2 is not None:
+            self._ct2.close()
+        self._ct2 = None
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        self.load()
+        pieces = [self.tok.source_pieces(line) + ["</s>"] for line in lines]
+        results = self._ct2.translate_batch(pieces, beam_size=self.cfg.beam_size, length_penalty=self.cfg.length_penalty,
+                                            max_batch_size=self.max_batch_size,
+                                            max_decoding_length=self.cfg.max_decoding_length)
+        return [self.tok.decode([self.tok.target_vocab.get(p, self.tok.target_special.unk) for p in hyp])
+                for hyp in results]
+
+
+def ctranslate2_system(model_dir: str, compute_type: str, threads: int, cfg: SearchConfig,
+                       translator: Translator, work_dir: str, max_batch_size: int = 32) -> Ct2Translator:
+    """Convert with ct2-transformers-converter (once per work dir), then a ``Ct2Translator``."""
+    out = f"{work_dir}/ct2-{compute_type}"
+    if not os.path.exists(f"{out}/model.bin"):
+        subprocess.run([sys.executable, "-m", "ctranslate2.converters.transformers", "--model", model_dir,
+                        "--output_dir", out, "--quantization", compute_type, "--force"], check=True, capture_output=True)
+    return Ct2Translator(out, compute_type, threads, cfg, translator, max_batch_size)
+
+
+def hf_system(model_dir: str, cfg: SearchConfig, batch_size: int = 32) -> Translate:
+    """HF ``MarianMTModel.generate``, inputs sorted by length, batches of ``batch_size``."""
+    import transformers
+
+    tok = transformers.MarianTokenizer.from_pretrained(model_dir)
+    model = transformers.MarianMTModel.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    def translate(lines: list[str]) -> list[str]:
+        order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
+        out = [""] * len(lines)
+        for start in range(0, len(order), batch_size):
+            idx = order[start: start + batch_size]
+            batch = tok([lines[i] for i in idx], return_tensors="pt", padding=True)
+            with torch.inference_mode():
+                seqs = model.generate(**batch, num_beams=cfg.beam_size, length_penalty=cfg.length_penalty,
+                                      max_new_tokens=cfg.max_decoding_length, do_sample=False,
+                                      bad_words_ids=[[model.config.pad_token_id]])
+            for i, text in zip(idx, tok.batch_decode(seqs, skip_special_tokens=True)):
+                out[i] = text
+        return out
+    return translate
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run(systems: list[PeerRun], lines: list[str], repeats: int, warmup_lines: int = 16) -> None:
+    for system in systems:  # warm-up, excluded; peak-RSS growth is attributed to the first system reaching it
+        before = peak_rss_mb()
+        system.translate(lines[:warmup_lines])
+        system.unload()
+        system.rss_growth_mb = peak_rss_mb() - before
+    for _ in range(repeats):
+        for system in systems:
+            before = peak_rss_mb()
+            system.load(lines[:warmup_lines])
+            start = time.perf_counter()
+            system.outputs = system.translate(lines)
+            system.seconds.append(time.perf_counter() - start)
+            system.unload()
+            system.rss_growth_mb += peak_rss_mb() - before
+            logger.info("%s: %.2fs", system.name, system.seconds[-1])
+
+
+def rows(systems: list[PeerRun], references: list[str], count_tokens: Callable[[str], int]) -> list[dict]:
+    out = []
+    for s in systems:
+        tokens = sum(count_tokens(t) for t in s.outputs)
+        rates = [tokens / sec for sec in s.seconds]
+        out.append({"system": s.name, "tokens_per_s": round(statistics.median(rates), 1),
+                    "spread": f"{min(rates):.0f}-{max(rates):.0f}", "target_tokens": tokens,
+                    "bleu": round(sacrebleu.corpus_bleu(s.outputs, [references]).score, 2),
+                    "peak_rss_growth_mb": round(s.rss_growth_mb, 1)})
+    return out
+
+
+def gemm_peak_gflops(threads: int, size: int = 1024, seconds: float = 1.0) -> float:
+    """A small torch GEMM probe: the machine's fp32 matmul rate at ``threads`` threads."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(2):
+        a @ b
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        count += 1
+    elapsed = time.perf_counter() - start
+    torch.set_num_threads(previous)
+    return 2 * size ** 3 * count / elapsed / 1e9
+
+
+def work_dir() -> str:
+    return tempfile.mkdtemp(prefix="raymt-bench-")

@@ -1,0 +1,3 @@
+from raymt.cli import main
+
+main()

@@ -1,0 +1,84 @@
+"""Smoke version of the peer benchmark (the full one is `python -m benchmarks.bench`)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.bench import main
+from tests.conftest import SHARED_DATA, shared_path
+from raymt.workers.config import ModelConfig
+from benchmarks.flops import decoder_flops_per_row_step, flops_per_target_token
+
+
+def test_peer_benchmark_smoke(demo_model_dir, tmp_path):
+    pytest.importorskip("ctranslate2")
+    pytest.importorskip("transformers")
+    shared_path("multi30k", "test_2016_flickr.de")
+    out = tmp_path / "peers"
+    main(["--model", str(demo_model_dir), "--data", str(SHARED_DATA), "--sets", "multi30k", "--lines", "40",
+          "--beams", "1,2", "--repeats", "1", "--out", str(out)])
+    report = json.loads(out.with_suffix(".json").read_text())
+    table = report["tables"]["multi30k/beam1"]
+    names = [r["system"] for r in table["rows"]]
+    assert names == ["ours-plain", "ours+qkv", "ours+onednn", "ours-exact", "ours-exact-k", "ours+int8", "ours+bf16", "ours-best",
+                     "ct2-float32", "ct2-int8", "hf"]
+    bleu = {r["system"]: r["bleu"] for r in table["rows"]}
+    assert bleu["ours-exact"] == bleu["ours+onednn"] == bleu["ours+qkv"] == bleu["ct2-float32"] == bleu["hf"]  # greedy: identical outputs
+    assert table["identical_outputs"]["ours-exact = hf"] == 40
+    steps = report["tables"]["multi30k/beam1/speedups"]
+    assert [s["step"][:2] for s in steps] == ["ba", "+ ", "+ ", "+ ", "+ ", "+ "] and steps[0]["speedup"] == 1.0
+    assert set(table["ratios"]) >= {"ours-exact / ct2-float32", "ours-exact / hf", "ours-best / ct2-int8"}
+    phases = report["tables"]["multi30k/beam2/profile/ours-exact"]
+    assert {p["phase"] for p in phases} >= {"decoder layers", "output layer"} and sum(p["share"] for p in phases) > 0.9
+    beam2 = report["tables"]["multi30k/beam2"]["identical_outputs"]  # same search rules, same outputs
+    assert beam2["ours-exact = hf"] == beam2["ours-exact-k = ct2-float32"] == beam2["ours-plain = ours-exact"] == 40
+    assert all(r["tokens_per_s"] > 0 and 0 < r["share_of_gemm_peak"] for r in table["rows"])
+    assert report["gemm_peak_gflops"] > 0
+
+
+def test_streaming_policies_against_batch_decoding(demo_model_dir, tmp_path):
+    """The bench's policy systems: the same translations as batch decoding, timed beside it."""
+    shared_path("multi30k", "test_2016_flickr.de")
+    out = tmp_path / "policies"
+    main(["--model", str(demo_model_dir), "--data", str(SHARED_DATA), "--sets", "multi30k", "--lines", "40",
+          "--beams", "2", "--repeats", "1", "--systems", "ours-exact,ours-topup,ours-var-stream,ours-fifo",
+          "--profile", "", "--out", str(out)])
+    table = json.loads(out.with_suffix(".json").read_text())["tables"]["multi30k/beam2"]
+    assert table["identical_outputs"] == {"ours-topup = ours-exact": 40, "ours-var-stream = ours-exact": 40,
+                                          "ours-fifo = ours-exact": 40}
+    assert set(table["ratios"]) == {"ours-topup / ours-exact", "ours-var-stream / ours-exact", "ours-fifo / ours-exact"}
+
+
+def test_flop_formula_by_hand():
+    cfg = ModelConfig(vocab_size=100, decoder_vocab_size=100, d_model=4, encoder_layers=1, decoder_layers=1,
+                      encoder_attention_heads=1, decoder_attention_heads=1, encoder_ffn_dim=8, decoder_ffn_dim=8,
+                      pad_token_id=99, decoder_start_token_id=99)
+    # self q,k,v,o 8*16 + self attn 4*t*4 + cross q,o 4*16 + cross attn 4*S*4 + ffn 4*4*8, + output 2*4*100
+    assert decoder_flops_per_row_step(cfg, source_length=3, target_position=2) == 128 + 32 + 64 + 48 + 128 + 800
+    assert decoder_flops_per_row_step(cfg, 3, 2, output_size=10) == 128 + 32 + 64 + 48 + 128 + 80
+    assert flops_per_target_token(cfg, source_length=3, target_length=4, fan_out=2) > \
+        flops_per_target_token(cfg, source_length=3, target_length=4, fan_out=1)
+
+
+def test_ctranslate2_is_resident_only_during_its_own_runs(demo_model_dir, tmp_path):
+    """Either library slowed the other in one process (benchmarks/peers.py): the bench runs
+    CTranslate2 in a child process without torch, started before each of its timed runs and ended after."""
+    pytest.importorskip("ctranslate2")
+    from benchmarks.peers import PeerRun, ctranslate2_system, run
+    from raymt.workers.config import SearchConfig
+    from raymt.workers.translator import Translator
+
+    translator = Translator.load(str(demo_model_dir), threads=1)
+    ct2 = ctranslate2_system(str(demo_model_dir), "float32", 1, SearchConfig(beam_size=2), translator, str(tmp_path))
+    resident = []
+    ours = PeerRun("ours", lambda lines: resident.append(ct2._ct2 is not None) or [x.text for x in translator.translate(
+        lines, SearchConfig(beam_size=2))])
+    lines = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball."]
+    systems = [PeerRun("ct2", ct2), ours]
+    run(systems, lines, repeats=2, warmup_lines=1)
+    assert resident == [False, False, False] and ct2._ct2 is None  # never beside ours' runs (warm-up included)
+    ct2.load()
+    assert ct2._ct2.ready == {"torch_loaded": False}  # its process never imports torch
+    ct2.unload()
+    assert systems[0].outputs == ours.outputs and len(systems[0].seconds) == 2
