@@ -1,6 +1,6 @@
 """Speed against the peers: ours (exact, best) vs CTranslate2 (float32, int8) vs HF generate.
 
-    python -m benchmarks.bench --model models/demo-de-en --out reports/peers            # full (slow)
+    python -m benchmarks.bench --model models/demo-de-en --out docs/results/peers            # full (slow)
     python -m benchmarks.bench --sets multi30k --lines 64 --beams 2 --repeats 1 --out /tmp/peers   # smoke
 
 Same model, input, beam, length penalty and thread count for every system, in one process,
@@ -38,7 +38,7 @@ from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.speedups import EXACT, CpuSpeedups
 from raymt.workers.translator import Translator
 
-BEST_PRUNING = FAST_PRUNING  # the search issue's pick (reports/search.md: rp 0.6, within 0.3 BLEU of exact)
+BEST_PRUNING = FAST_PRUNING  # the search issue's pick (docs/results/search.md: rp 0.6, within 0.3 BLEU of exact)
 INT8 = replace(EXACT, int8=True)
 
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
                    "policy over the length-sorted input (32 sentences), against batch decoding (ours-exact)")
     p.add_argument("--profile", default="ours-exact,ours-best",
                    help="systems (ours-*) whose run is profiled by phase after the timing (empty: none)")
-    p.add_argument("--out", default="reports/peers")
+    p.add_argument("--out", default="docs/results/peers")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)

@@ -1,7 +1,7 @@
 """Batching benchmark: VAR-STREAM paper Tables 1/4 and the top-up paper's comparison, on our model.
 
     python -m benchmarks.bench_batching --lines 400 --beams 5,50 --wide-beam-lines 100 \
-        --out reports/batching-wmt22-400                                                   # full (~15 min, 2 cores)
+        --out docs/results/batching-wmt22-400                                                   # full (~15 min, 2 cores)
     python -m benchmarks.bench_batching --lines 48 --beams 4 --repeats 1 --out /tmp/batching      # smoke
 
 Input: WMT22 de-en (long-tailed lengths), sorted by length (bucketed, as the paper does) and
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-length", type=int, default=256, help="absolute cap on generated tokens")
-    p.add_argument("--out", default="reports/batching")
+    p.add_argument("--out", default="docs/results/batching")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     translator = Translator.load(args.model, threads=args.threads, max_batch_size=args.batch_sentences)

@@ -1,7 +1,7 @@
 """GPU throughput: ours vs HF ``generate`` on one device, same model and input, and the seeds'
 batching tables on our engine.
 
-    python -m benchmarks.bench_gpu --data data-gpu --out reports/gpu-h100               # on a lent GPU
+    python -m benchmarks.bench_gpu --data data-gpu --out docs/results/gpu-h100               # on a lent GPU
     python -m benchmarks.bench_gpu --lines 24 --beams 2 --hf-batches 8 --capacities 8 \\
         --tables peers --out /tmp/gpu-smoke                                        # smoke (CPU in CI)
 
@@ -208,7 +208,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--refill-threshold", type=float, default=GPU_DEFAULTS.refill_threshold,
                    help="ours: top-up refills once this share of the slots is empty (the GPU's default)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default="reports/gpu")
+    p.add_argument("--out", default="docs/results/gpu")
     return p.parse_args(argv)
 
 

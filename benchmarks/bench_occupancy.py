@@ -1,6 +1,6 @@
 """Slot occupancy of a decoder's scheduler over a corpus cut into work units: the GPU's batching defaults.
 
-    python -m benchmarks.bench_occupancy --lines 50000 --out reports/occupancy      # ~2 min on 2 cores
+    python -m benchmarks.bench_occupancy --lines 50000 --out docs/results/occupancy      # ~2 min on 2 cores
     python -m benchmarks.bench_occupancy --lines 200 --sample 40 --capacities 8 --unit-rows 50,0 \\
         --out /tmp/occupancy                                                   # smoke
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--refill-thresholds", default="0.5,0.25,0.05", help="top-up: refill once this share is empty")
     p.add_argument("--readbacks", default="1,4", help="the static step's readback every N steps")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="reports/occupancy")
+    p.add_argument("--out", default="docs/results/occupancy")
     args = p.parse_args(argv)
     capacities = [int(x) for x in args.capacities.split(",")]
     units = [int(x) for x in args.unit_rows.split(",")]

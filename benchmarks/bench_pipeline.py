@@ -1,6 +1,6 @@
 """Pipeline overhead benchmark: end-to-end Ray pipeline tokens/s ÷ bare in-process engine tokens/s.
 
-    python -m benchmarks.bench_pipeline --lines 20000 --out reports/pipeline-wmt22        # full (slow)
+    python -m benchmarks.bench_pipeline --lines 20000 --out docs/results/pipeline-wmt22        # full (slow)
     python -m benchmarks.bench_pipeline --lines 200 --rounds 2 --unit-rows 50 --out /tmp/pipeline    # smoke
 
 Same model, search, threads and input (WMT22 de-en repeated to ``--lines``). The in-process run is
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--unit-rows", type=int, default=2500)
-    p.add_argument("--out", default="reports/pipeline-wmt22")
+    p.add_argument("--out", default="docs/results/pipeline-wmt22")
     p.add_argument("--encoders", default="1,0", help="pipeline variants to run: encoder actors (0: decoders tokenise)")
     p.add_argument("--stats-report", action=argparse.BooleanOptionalAction, default=True,
                    help="also render the pipeline runs' per-actor stats as <out>-stats.png / .html")

@@ -1,6 +1,6 @@
 """Search benchmark: Freitag Table 1 (beam pruning) and Shi & Knight Table 2 (shortlists) on our model.
 
-    python -m benchmarks.bench_search --model models/demo-de-en --out reports/search   # full (slow)
+    python -m benchmarks.bench_search --model models/demo-de-en --out docs/results/search   # full (slow)
     python -m benchmarks.bench_search --lines 100 --beams 5 --train-lines 2000 --self-built-lines 200 --out /tmp/smoke
 
 Inputs: Multi30k test_2016_flickr and WMT22 de-en (from ../shared/data). Writes ``<out>.md`` and
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--self-built-lines", type=int, default=5000,
                    help="German lines (end of Multi30k train.de) the model translates for the self-built table")
     p.add_argument("--tables", default="output,pruning,shortlist")
-    p.add_argument("--out", default="reports/search")
+    p.add_argument("--out", default="docs/results/search")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     translator = Translator.load(args.model, threads=args.threads)

@@ -1,7 +1,7 @@
 """Self-built shortlists: what the monolingual sample size costs in BLEU (guidance for
 ``raymt.jobs.build_shortlist --self-built --sample N``).
 
-    python -m benchmarks.bench_self_built --sizes 1000,2000,5000,10000,29000 --out reports/self-built-multi30k
+    python -m benchmarks.bench_self_built --sizes 1000,2000,5000,10000,29000 --out docs/results/self-built-multi30k
     python -m benchmarks.bench_self_built --sizes 20,40 --test-lines 16 --out /tmp/smoke          # smoke
 
 The model translates one seeded random sample of Multi30k train.de (its English is never read), the
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--top-n", type=int, default=100)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--out", default="reports/self-built-multi30k")
+    p.add_argument("--out", default="docs/results/self-built-multi30k")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     sizes = sorted(int(x) for x in args.sizes.split(","))

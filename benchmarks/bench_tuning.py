@@ -1,6 +1,6 @@
 """Closed-loop batch size vs hand-tuned batch sizes: same model, input, beam and threads.
 
-    python -m benchmarks.bench_tuning --out reports/tuning-wmt22                       # full (slow)
+    python -m benchmarks.bench_tuning --out docs/results/tuning-wmt22                       # full (slow)
     python -m benchmarks.bench_tuning --lines 40 --sizes 4,8 --rounds 1 --out /tmp/t  # smoke
 
 Each round runs every hand-set ``--max-batch-size`` and the tuned run (a fresh tuner starting at
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sizes", default="8,16,32,64,128", help="hand-set batch sizes")
     p.add_argument("--start", type=int, default=8, help="the tuner's first batch size")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out", default="reports/tuning-wmt22")
+    p.add_argument("--out", default="docs/results/tuning-wmt22")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     src_path, ref_path = (os.path.join(args.data, x) for x in SETS[args.set])

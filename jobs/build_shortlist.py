@@ -19,6 +19,7 @@ import time
 
 from raymt.pipeline.alignment import SPACES, frequency_table, lexical_table
 from raymt.pipeline.corpus import read_corpus
+from raymt.pipeline.extras import MissingExtra, require, require_for_url
 from raymt.pipeline.shortlists import save_table
 from raymt.pipeline.storage import model_reader
 from raymt.workers.config import SearchConfig
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--frequency-only", action="store_true", help="top-frequency list only (the TF baseline)")
     p.add_argument("--sample", type=int, default=None,
                    help="use a random sample of this many lines (0: all). Default: all lines of a bitext; 10000 for "
-                        "--self-built (measured on Multi30k, reports/self-built-multi30k.md: 2,000 lines cost 3.2 "
+                        "--self-built (measured on Multi30k, docs/results/self-built-multi30k.md: 2,000 lines cost 3.2 "
                         "BLEU, 5,000 1.4, 10,000 0.35, 29,000 none)")
     p.add_argument("--beam-size", type=int, default=5, help="beam for --self-built translations")
     p.add_argument("--max-per-source", type=int, default=500)
@@ -47,6 +48,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--vmap-top-n", type=int, default=1000)
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
+    try:  # an optional package the command needs is named before any work
+        for url in filter(None, (args.model, args.source, args.target, args.output)):
+            require_for_url(url)
+        if not args.frequency_only:
+            require("eflomal", "align", "aligning a bitext")
+    except MissingExtra as e:
+        raise SystemExit(f"error: {e}") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     translator = Translator.load(model_reader(args.model))
     tok = translator.checkpoint.tokenizer

@@ -38,11 +38,11 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit("error: give --target-column or --reference-column, not both")
         args.reference_column = args.target_column
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    pc = pipeline_config(args, search_config(args))
-    pc = dataclasses.replace(pc, decoder=dataclasses.replace(
-        pc.decoder, token_logprobs=args.token_logprobs, keep_reference=bool(args.target_column)))
     summaries = []
     try:  # the distilled files are written under the output's lease, like every other file of the job
+        pc = pipeline_config(args, search_config(args))
+        pc = dataclasses.replace(pc, decoder=dataclasses.replace(
+            pc.decoder, token_logprobs=args.token_logprobs, keep_reference=bool(args.target_column)))
         result = run_pipeline(pc, finish=lambda store: summaries.append(
             write_distilled(store, Filters(args.max_length_ratio, args.min_score))))
     except JOB_ERRORS as e:

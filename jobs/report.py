@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from raymt.pipeline.extras import MissingExtra
 from raymt.pipeline.sink import OutputStore
 from raymt.pipeline.stats_report import render, summary
 
@@ -33,7 +34,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", help="report path without extension (default: <output>.report)")
     p.add_argument("--title")
     args = p.parse_args(argv)
-    report(args.output, args.out, args.title)
+    try:
+        report(args.output, args.out, args.title)
+    except MissingExtra as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import torch
 from raymt.pipeline.actors import DecoderSettings
 from raymt.pipeline.dispatch import Health
 from raymt.pipeline.errors import JobStopped
+from raymt.pipeline.extras import MissingExtra, require
 from raymt.pipeline.guards import OutputRefused
 from raymt.pipeline.driver import DecodersUnavailable, ResourcesUnavailable
 from raymt.pipeline.ledger import OutputBusy, PlanMismatch
@@ -90,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--delta", type=float, help="absolute threshold against the best candidate, finished ones included")
     g.add_argument("--early-stop", action="store_true", help="drop beams below the best finished hypothesis")
     g.add_argument("--fast", action="store_true", help="the measured fast default (raymt.workers.config.FAST_PRUNING: "
-                   "rp 0.6) unless heuristics are given explicitly; see reports/search.md")
+                   "rp 0.6) unless heuristics are given explicitly; see docs/results/search.md")
     g = p.add_argument_group("batching (Yang et al. 2020 VAR-STREAM; top-up batching)")
     g.add_argument("--batching", choices=["auto", "batch", *[x.value for x in Policy]], default="auto",
                    help="batch: length-sorted batches decoded to the end; otherwise that streaming policy (every "
@@ -114,11 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("shortlist vocabulary (Shi & Knight 2017); see raymt.jobs.build_shortlist")
     g.add_argument("--shortlist", help="lex.s2t (with its .freq) or CTranslate2 .vmap file")
     g.add_argument("--shortlist-m", type=int, default=10,
-                   help="top translations kept per source token (10: the fastest within 0.3 BLEU, reports/shortlist-multi30k.md)")
+                   help="top translations kept per source token (10: the fastest within 0.3 BLEU, docs/results/shortlist-multi30k.md)")
     g.add_argument("--shortlist-n", type=int, default=100, help="most frequent target tokens always kept")
     precision = p.add_mutually_exclusive_group()  # alternatives: float32 (default), int8, bf16 or fp16
     precision.add_argument("--int8", action="store_true", help="int8 dynamic quantisation of the linear layers (CPU; "
-                           "measured in reports/peers-*.md: faster, BLEU within quantisation noise)")
+                           "measured in docs/results/peers-*.md: faster, BLEU within quantisation noise)")
     precision.add_argument("--bf16", action="store_true", help="bfloat16 weights and activations (instead of --int8; "
                            "fast where the CPU has AVX512-BF16/AMX, BLEU within noise)")
     precision.add_argument("--fp16", action="store_true", help="float16 weights and activations (for GPUs without bf16: "
@@ -157,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rows per work unit: the commit / resume grain, and the decoder sorts by length within it. "
                         "Default: what the output's plan used when resuming; else 2500 on the CPU, and on a GPU "
                         "1/64 of the input within 2500..50000 (a GPU's slots drain at each unit's end: "
-                        "reports/occupancy.md)")
+                        "docs/results/occupancy.md)")
     g.add_argument("--decoders", type=int, default=0, help="decoder actors (0: as many as the cluster's cores allow)")
     g.add_argument("--min-decoders", type=int, help="autoscaling pool: at least this many decoder actors")
     g.add_argument("--max-decoders", type=int, help="autoscaling pool: at most this many decoder actors")
@@ -289,15 +290,17 @@ def local_path(url: str) -> str:
 
 
 JOB_ERRORS = (InputError, ModelError, PlanMismatch, OutputBusy, DecodersUnavailable, UnitsFailed, ResourcesUnavailable,
-              DeviceUnavailable, JobStopped, OutputRefused)
+              DeviceUnavailable, JobStopped, OutputRefused, MissingExtra)
 
 
 def run(args: argparse.Namespace, cfg: SearchConfig) -> None:
     if args.evaluate and not args.reference_column:
         raise SystemExit("error: --evaluate needs --reference-column (a Parquet input with references)")
-    pc = pipeline_config(args, cfg)
     start = time.perf_counter()
     try:
+        if args.report:  # the report's package is checked before the job, not after it
+            require("matplotlib", "plots", "the stats report (--report)")
+        pc = pipeline_config(args, cfg)
         result = run_pipeline(pc)
     except JOB_ERRORS as e:
         if args.debug:

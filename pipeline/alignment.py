@@ -16,6 +16,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Sequence
 
+from raymt.pipeline.extras import require
 from raymt.workers.shortlist import LexicalTable
 from raymt.workers.tokenizer import MarianTokenizer
 
@@ -28,7 +29,7 @@ def align(source: Sequence[str], target: Sequence[str], *, seed_iterations: int 
 
     Inputs are whitespace-tokenised lines; empty lines get no links.
     """
-    import eflomal
+    eflomal = require("eflomal", "align", "aligning a bitext")
 
     if len(source) != len(target):
         raise ValueError(f"bitext sides differ in length: {len(source)} vs {len(target)}")

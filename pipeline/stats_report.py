@@ -17,6 +17,7 @@ import io
 import json
 from collections import Counter
 
+from raymt.pipeline.extras import require
 from raymt.pipeline.run import actor_table
 
 
@@ -65,7 +66,7 @@ def progress(rows: list[dict]) -> tuple[list[float], list[int]]:
 
 def figure(rows: list[dict]):
     """The eight panels as one matplotlib figure (Agg backend: no display needed)."""
-    import matplotlib
+    matplotlib = require("matplotlib", "plots", "the stats report")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

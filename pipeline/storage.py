@@ -15,12 +15,17 @@ from typing import IO, Callable, Iterator
 import fsspec
 
 from raymt.pipeline.errors import JobStopped, deterministic
+from raymt.pipeline.extras import require_for_url
 
 Guard = Callable[[], AbstractContextManager]  # held around the step that makes a write visible (fencing)
 
 
 def storage_options(url: str) -> dict:
-    """fsspec options for ``url``; for s3 an explicit endpoint from ``AWS_ENDPOINT_URL`` if set."""
+    """fsspec options for ``url``; for s3 an explicit endpoint from ``AWS_ENDPOINT_URL`` if set.
+
+    Every URL passes here before fsspec opens it: a scheme whose package is not installed stops
+    with one line naming the extra that brings it (``pipeline/extras.py``)."""
+    require_for_url(url)
     if url.startswith("s3://"):
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         return {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}

@@ -116,10 +116,10 @@ def check_apart(input_url: str, output_url: str) -> None:
 
 def auto_unit_rows(rows: int, gpu: bool) -> int:
     """Rows per work unit where ``--unit-rows`` is not given. CPU: 2500 (a commit every ~40 s per
-    decoder on 2 cores; smaller units made the pipeline slower, ``reports/pipeline-wmt22.md``). GPU:
+    decoder on 2 cores; smaller units made the pipeline slower, ``docs/results/pipeline-wmt22.md``). GPU:
     a decoder's slots drain at the end of every unit, and with 1024 slots units of 2500 rows take
     1.4x (Multi30k) to 3.1x (WMT22) the steps of one stream, 50,000 rows 1.0x
-    (``reports/occupancy.md``); so 1/64 of the input (enough units to spread over many GPUs),
+    (``docs/results/occupancy.md``); so 1/64 of the input (enough units to spread over many GPUs),
     within 2500..50000."""
     return min(max(rows // 64, 2500), 50_000) if gpu else 2500
 

@@ -80,7 +80,7 @@ class PruningConfig:
         return "|".join(parts + (["early_stop"] if self.early_stop else [])) or "none"
 
 
-# The fastest pruning that lost <= 0.3 BLEU against exact beam search in reports/search.md
+# The fastest pruning that lost <= 0.3 BLEU against exact beam search in docs/results/search.md
 # (Multi30k test2016, demo model): rp 0.6 alone, 2.24x at beam 5 (-0.01 BLEU) and 5.19x at
 # beam 14 (-0.14 BLEU). ap 2.5 is the safe choice (no BLEU loss, 0.5% search errors, 1.68x at 14).
 FAST_PRUNING = PruningConfig(rp=0.6)

@@ -16,9 +16,9 @@ class BatchingDefaults:
     """What a decoder runs with where the command line leaves it open, per kind of device.
 
     * CPU: 32 sentences, the dynamic step, top-up refilling at half empty (measured:
-      ``reports/policies-*.md``, ``reports/tuning-multi30k.md``).
+      ``docs/results/policies-*.md``, ``docs/results/tuning-multi30k.md``).
     * GPU: a static step costs the same at any occupancy, so throughput is live slots ÷ slots. The
-      scheduler alone gives that occupancy (``python -m benchmarks.bench_occupancy``, ``reports/occupancy.md``:
+      scheduler alone gives that occupancy (``python -m benchmarks.bench_occupancy``, ``docs/results/occupancy.md``:
       1024 slots, 50,000 sentences, top-up): refilling at 5% empty instead of half raises it from
       0.70 to 0.97 on Multi30k's lengths and from 0.67 to 0.87 on WMT22's (0.89 / 0.84 with the
       readback every 4 steps, when slots free). 1024 slots (the bench's largest capacity; fitted to free

@@ -261,5 +261,5 @@ def device_ops(device: torch.device) -> AtenOps:
     if device.type == "cuda" and available():
         return TritonOps()
     if device.type == "cuda":
-        logger.info("Triton is not importable here: the output step runs ATen's log_softmax + topk")
+        logger.warning("Triton is not installed (pip install 'raymt[gpu]'): the GPU step runs ATen's operators")
     return ATEN
