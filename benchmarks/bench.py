@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
                      "hf": lambda: hf_system(args.model, cfg),
                      **{name: (lambda p=policy: ours(translator, cfg, batching=SchedulerConfig(
                          policy=p, max_batch_sentences=translator.max_batch_size,
-                         capacity=translator.max_batch_size, beam_size=beam))) for name, policy in POLICIES.items()}}
+                         capacity=translator.max_batch_size))) for name, policy in POLICIES.items()}}
         systems = [PeerRun(name, factories[name]()) for name in args.systems.split(",")]
         for name in args.sets.split(","):
             lines = read_lines(os.path.join(args.data, SETS[name][0]), args.lines)

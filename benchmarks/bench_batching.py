@@ -94,7 +94,7 @@ def targets(rows: list[dict]) -> dict:
 def systems(beam: int, n: int, epsilon: float, max_length: int) -> list[Run]:
     exact = SearchConfig(beam_size=beam, max_length_a=1.5, max_length_b=10, max_decoding_length=max_length)
     pruned = replace(exact, pruning=PruningConfig(delta=1.5, mc=min(5, beam)))
-    sched = SchedulerConfig(max_batch_sentences=n, capacity=n, beam_size=beam, epsilon=epsilon)
+    sched = SchedulerConfig(max_batch_sentences=n, capacity=n, epsilon=epsilon)
     fifo = replace(sched, policy=Policy.FIFO, capacity=n * beam, capacity_unit=CapacityUnit.BEAMS)
     return [Run("GREEDY", replace(exact, beam_size=1), None), Run("FIXED", exact, None),
             Run("VAR-BATCH", pruned, replace(sched, policy=Policy.VAR_BATCH)),
@@ -106,7 +106,7 @@ def topup_systems(beam: int, n: int, max_length: int) -> list[Run]:
     """The top-up paper's comparison, exact beam: mini-batch (input order), maxi-batch (length-sorted
     batches), top-up streaming, and top-up over sorted input."""
     exact = SearchConfig(beam_size=beam, max_length_a=1.5, max_length_b=10, max_decoding_length=max_length)
-    topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=n, capacity=n, beam_size=beam)
+    topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=n, capacity=n)
     return [Run("mini-batch", exact, None, sort=False), Run("maxi-batch", exact, None, sort=True),
             Run("top-up", exact, topup, sort=False), Run("top-up + maxi-batch", exact, topup, sort=True)]
 

@@ -108,7 +108,7 @@ def ours_runner(translator: Translator, static: StaticStep | None = None, refill
     tok = translator.checkpoint.tokenizer
 
     def translate(lines: list[str], beam: int, capacity: int) -> tuple[list[str], int]:
-        batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=capacity, capacity=capacity, beam_size=beam,
+        batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=capacity, capacity=capacity,
                                    refill_threshold=refill_threshold)
         decoded = translator.decode_ids(translator.encode(lines), SearchConfig(beam_size=beam), batching=batching,
                                         static=static)
@@ -160,7 +160,7 @@ def synthetic_runner(translator: Translator, device: torch.device, dtype: torch.
     def translate(lines: list[str], beam: int, capacity: int) -> tuple[list[str], int]:
         sources = sorted(([i % vocab for i in ids] for ids in translator.encode(lines)), key=len)
         cfg = SearchConfig(beam_size=beam, max_length_a=1.5, max_length_b=10)
-        batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=capacity, capacity=capacity, beam_size=beam)
+        batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=capacity, capacity=capacity)
         stats = DecodeStats()
         Engine(model, cfg, batching, stats=stats).decode(sources)
         return [""] * len(lines), stats.target_tokens
@@ -171,7 +171,7 @@ def search_runs(translator: Translator, beam: int, n: int, shortlist_path: str |
     """Shortlist on/off x pruning on/off, top-up batching, beam ``beam``: the seeds' GPU search table."""
     exact = SearchConfig(beam_size=beam, max_length_a=1.5, max_length_b=10, max_decoding_length=256)
     pruned = replace(exact, pruning=PruningConfig(delta=1.5, mc=min(5, beam)))
-    topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=n, capacity=n, beam_size=beam)
+    topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=n, capacity=n)
     runs = [Run("exact", exact, topup), Run("pruning", pruned, topup)]
     if shortlist_path:
         from raymt.pipeline.shortlists import load_shortlist  # (fsspec: installed beside transformers)

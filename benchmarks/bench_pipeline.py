@@ -28,6 +28,7 @@ from raymt.pipeline.run import PipelineConfig, actor_table, init_ray, run_pipeli
 from raymt.pipeline.sink import OutputStore
 from raymt.pipeline.units import Columns
 from raymt.workers.config import SearchConfig
+from raymt.workers.decode_config import BatchingConfig, DecodeConfig, RuntimeConfig
 from raymt.workers.translator import Translator
 
 
@@ -75,9 +76,9 @@ def main(argv: list[str] | None = None) -> None:
         totals["in-process engine"][0] += seconds
         totals["in-process engine"][1] += tokens
         for e in variants:
-            settings = DecoderSettings(model=model, output=os.path.join(work, f"out-{r}-{e}"), search=cfg,
-                                       batching=None, signature=f"bench|{cfg.signature()}", threads=args.threads,
-                                       max_batch_size=args.max_batch_size)
+            settings = DecoderSettings(model=model, output=os.path.join(work, f"out-{r}-{e}"), signature=f"bench|{cfg.signature()}",
+                                       decode=DecodeConfig(cfg, BatchingConfig(max_batch_size=args.max_batch_size),
+                                                           RuntimeConfig(threads=args.threads)))
             result = run_pipeline(PipelineConfig(input=src, columns=Columns(), decoder=settings,
                                                  unit_rows=args.unit_rows, decoders=1, encoders=e, progress_every_s=60))
             totals[names.get(e, f"{e} encoders")][0] += result.seconds

@@ -202,10 +202,10 @@ def job_argv(args: argparse.Namespace, corpus: Path, output: Path) -> list[str]:
 
 
 def run_job(argv: list[str]):
-    from raymt.jobs.translate import build_parser, pipeline_config, search_config
+    from raymt.jobs.translate import build_parser, decode_config, pipeline_config
     from raymt.pipeline.run import run_pipeline
     args = build_parser().parse_args(argv)
-    return run_pipeline(pipeline_config(args, search_config(args)))
+    return run_pipeline(pipeline_config(args, decode_config(args)))
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import logging
 
-from raymt.jobs.translate import JOB_ERRORS, build_parser, pipeline_config, search_config
+from raymt.jobs.translate import JOB_ERRORS, build_parser, decode_config, pipeline_config
 from raymt.pipeline.distill import Filters, write_distilled
 from raymt.pipeline.run import run_pipeline
 
@@ -40,9 +40,9 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     summaries = []
     try:  # the distilled files are written under the output's lease, like every other file of the job
-        pc = pipeline_config(args, search_config(args))
-        pc = dataclasses.replace(pc, decoder=dataclasses.replace(
-            pc.decoder, token_logprobs=args.token_logprobs, keep_reference=bool(args.target_column)))
+        pc = pipeline_config(args, decode_config(args))
+        pc = dataclasses.replace(pc, decoder=dataclasses.replace(pc.decoder, parts=dataclasses.replace(
+            pc.decoder.parts, token_logprobs=args.token_logprobs, keep_reference=bool(args.target_column))))
         result = run_pipeline(pc, finish=lambda store: summaries.append(
             write_distilled(store, Filters(args.max_length_ratio, args.min_score))))
     except JOB_ERRORS as e:

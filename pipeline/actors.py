@@ -16,55 +16,28 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import pyarrow as pa
 import torch
 
 from raymt.pipeline.evaluate import EvalStats, sufficient_stats
 from raymt.pipeline.heap import trim_heap
-from raymt.pipeline.lease import Fence
 from raymt.pipeline.metrics import Metrics
 from raymt.pipeline.records import EncodedUnit, UnitStats
+from raymt.pipeline.settings import DecoderSettings, PartColumns  # noqa: F401  (PartColumns: re-exported)
 from raymt.pipeline.sink import OUTPUT_SCHEMA, OutputStore, output_table
 from raymt.pipeline.storage import model_reader
 from raymt.pipeline.timeline import Counters, Sampler, Slice
 from raymt.pipeline.units import Columns, WorkUnit, read_unit
 from raymt.workers.checkpoint import load_tokenizer
-from raymt.workers.config import SearchConfig
 from raymt.workers.device import DeviceUnavailable, resolve_device
-from raymt.workers.engine import DecodeStats, StaticStep
+from raymt.workers.engine import DecodeStats
 from raymt.workers.inputs import CleanText, clean_text, split_to_fit
-from raymt.workers.scheduler import SchedulerConfig
 from raymt.workers.search import Hypothesis
-from raymt.workers.speedups import EXACT, CpuSpeedups
 from raymt.workers.translator import Translator
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class DecoderSettings:
-    model: str
-    output: str
-    search: SearchConfig
-    batching: SchedulerConfig | None
-    signature: str
-    threads: int = 1
-    max_batch_size: int = 32
-    shortlist: str | None = None
-    shortlist_m: int = 10
-    shortlist_n: int = 100
-    evaluate: bool = False
-    tune_batch: bool = False  # closed-loop batch size (workers/tuning.py) instead of max_batch_size
-    token_logprobs: bool = False  # teacher-forced log-prob of each token of the best translation (distillation)
-    keep_reference: bool = False  # the reference column travels to the output (a distillation bitext's target)
-    speedups: CpuSpeedups = EXACT  # CPU rewrites of the model (workers/speedups.py); applied on the CPU only
-    device: str = "cpu"  # auto | cpu | cuda | cuda:N (workers/device.py); a Ray GPU actor's "cuda" is its own GPU
-    static: StaticStep | None = None  # the one-shape step (a CUDA graph on a GPU); None: the dynamic step
-    plan: str | None = None  # the output's plan digest (pipeline/ledger.py): the unit files it commits carry it
-    fence: Fence | None = None  # the job's hold on the output's lease (pipeline/lease.py): every commit passes it
-    slice_s: float = 2.0  # stats over time: one slice of the live counters every this many seconds
 
 
 def unit_to_row(unit: WorkUnit) -> dict:

@@ -263,7 +263,7 @@ def _local(cfg: PipelineConfig, plan: Plan) -> bool:
 def _decode_here(cfg: PipelineConfig, result: PipelineResult, store: OutputStore, todo: list[WorkUnit],
                  lease: Lease) -> None:
     """The decoder actor's code, run in this process: each unit committed as the actors commit it."""
-    cfg = replace(cfg, decoder=replace(cfg.decoder, threads=cfg.decoder.threads or os.cpu_count() or 1))
+    cfg = replace(cfg, decoder=cfg.decoder.with_threads(cfg.decoder.threads or os.cpu_count() or 1))
     progress, start, last = Progress(sum(u.stop - u.start for u in todo), cfg.decoder.slice_s), time.perf_counter(), [0.0]
 
     def report(actor: str, snapshot: dict) -> None:  # from the worker's sampler thread, every slice
@@ -302,7 +302,7 @@ def _decode_on_ray(cfg: PipelineConfig, result: PipelineResult, store: OutputSto
     if cfg.decoder.speedups.native:  # built once here, so no decoder builds (or can be killed building) it
         from raymt.workers.native import prebuild
         prebuild()
-    cfg = replace(cfg, decoder=replace(cfg.decoder, threads=cfg.decoder.threads or 2))
+    cfg = replace(cfg, decoder=cfg.decoder.with_threads(cfg.decoder.threads or 2))
     resources = ray.cluster_resources()
     shape = _decoder_pool(cfg, resources.get("CPU", 1), resources.get("GPU", 0))
     check_placeable(shape[2], shape[3], ray.nodes(), autoscaling=isinstance(cfg.decoders, tuple))

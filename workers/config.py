@@ -93,14 +93,16 @@ class SearchConfig:
     ``max_decoding_length`` caps generated tokens (EOS included); the per-sentence cap is
     ``min(max_decoding_length, int(max_length_a * source_length + max_length_b))``.
     ``length_penalty`` is HF/Marian's alpha: a hypothesis scores ``sum_logprob / length**alpha``.
+    These defaults are the product's: the command line's flags, ``Translator.translate`` and the
+    jobs all decode with them (``raymt.workers.decode_config.DEFAULTS``).
     """
 
     beam_size: int = 5
     num_hypotheses: int = 1
     length_penalty: float = 1.0
     max_decoding_length: int = 256
-    max_length_a: float = 0.0
-    max_length_b: int = 256
+    max_length_a: float = 1.5
+    max_length_b: int = 10
     early_stopping: bool = False  # HF semantics: False = heuristic stop, True = stop at K finished
     pruning: PruningConfig = PruningConfig()  # all off: exact beam search
 

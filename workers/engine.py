@@ -145,7 +145,7 @@ class Engine:
         self._unread = 0  # static steps run since the last readback
         self._in_flight: tuple[HostCopy, list[tuple[int, int]]] | None = None  # late: a readback and its sentences
         self._graph = GraphedStep() if self.static and dev.type == "cuda" else None
-        scheduler = Scheduler(self.schedule, self.stats.scheduler)
+        scheduler = Scheduler(self.schedule, self.stats.scheduler, beam_size=self.search.beam_size)
         for i, src in enumerate(sources):
             scheduler.add(Request(i, len(src)))
         requests = {r.id: r for r in scheduler.waiting}
@@ -364,9 +364,9 @@ class Engine:
         return self.cache.history(source, t).view(slots.shape[0], k, t - 1)
 
 
-def batch_schedule(sentences: int, beam_size: int) -> SchedulerConfig:
+def batch_schedule(sentences: int) -> SchedulerConfig:
     """Batch decoding as a policy: admit all ``sentences`` at once, no refill until they are done."""
-    return SchedulerConfig(policy=Policy.FIXED, max_batch_sentences=sentences, capacity=sentences, beam_size=beam_size)
+    return SchedulerConfig(policy=Policy.FIXED, max_batch_sentences=sentences, capacity=sentences)
 
 
 def beam_search(model, src_ids: Tensor, src_mask: Tensor, cfg: SearchConfig, *, forced_eos: bool = True,
@@ -375,7 +375,7 @@ def beam_search(model, src_ids: Tensor, src_mask: Tensor, cfg: SearchConfig, *, 
     -> per sentence the ``cfg.num_hypotheses`` best hypotheses, HF ``generate`` semantics
     (``raymt.workers.search``). ``candidates`` (C,): a shortlist of target ids."""
     sources = [row[:n] for row, n in zip(src_ids.tolist(), src_mask.sum(1).tolist())]
-    engine = Engine(model, cfg, batch_schedule(len(sources), cfg.beam_size), forced_eos=forced_eos,
+    engine = Engine(model, cfg, batch_schedule(len(sources)), forced_eos=forced_eos,
                     candidates=candidates, stats=stats)
     return engine.decode(sources)
 

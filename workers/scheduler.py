@@ -46,7 +46,6 @@ class SchedulerConfig:
     max_batch_sentences: int = 32  # n
     capacity: int = 32  # in ``capacity_unit``
     capacity_unit: CapacityUnit = CapacityUnit.SENTENCES
-    beam_size: int = 5  # width a new sentence may grow to (capacity accounting in beams)
     epsilon: float = 1 / 6  # VAR_STREAM refill threshold
     refill_threshold: float = 0.5  # TOPUP: refill when at least this share of the batch is empty
     flush_every: int = 0  # VAR_STREAM: expand every active sentence every that many steps (0: never)
@@ -55,8 +54,8 @@ class SchedulerConfig:
         # the names as strings too ("topup", "beams"): an unknown one fails here, not as another unit later
         object.__setattr__(self, "policy", Policy(self.policy))
         object.__setattr__(self, "capacity_unit", CapacityUnit(self.capacity_unit))
-        if self.max_batch_sentences < 1 or self.capacity < 1 or self.beam_size < 1:
-            raise ValueError("max_batch_sentences, capacity and beam_size must be >= 1")
+        if self.max_batch_sentences < 1 or self.capacity < 1:
+            raise ValueError("max_batch_sentences and capacity must be >= 1")
         if not 0.0 <= self.epsilon < 1.0:
             raise ValueError(f"epsilon must be in [0, 1), got {self.epsilon}")
         if not 0.0 < self.refill_threshold <= 1.0:
@@ -103,8 +102,13 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, stats: SchedulerStats | None = None) -> None:
-        self.cfg = cfg
+    """``beam_size``: the search's beam width, the width a new sentence may grow to (capacity counted
+    in beams reserves that much for it at admission)."""
+
+    def __init__(self, cfg: SchedulerConfig, stats: SchedulerStats | None = None, *, beam_size: int = 1) -> None:
+        if beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+        self.cfg, self.beam_size = cfg, beam_size
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}  # admission order
         self.stats = stats if stats is not None else SchedulerStats()  # given: read live by the caller
@@ -123,7 +127,7 @@ class Scheduler:
         if unit is CapacityUnit.SENTENCES:
             return 1
         if unit is CapacityUnit.BEAMS:
-            return self.cfg.beam_size if admitted else max(r.width, 1)
+            return self.beam_size if admitted else max(r.width, 1)
         return r.source_length
 
     def _load(self) -> int:

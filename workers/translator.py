@@ -13,6 +13,7 @@ import torch
 
 from raymt.workers.checkpoint import Checkpoint, Reader, load_checkpoint, local_reader
 from raymt.workers.config import SearchConfig
+from raymt.workers.decode_config import DEFAULTS
 from raymt.workers.engine import DecodeStats, Engine, StaticStep, batch_schedule
 from raymt.workers.scheduler import CapacityUnit, SchedulerConfig
 from raymt.workers.search import Hypothesis
@@ -44,12 +45,12 @@ class Decoded:
 @dataclass
 class Translator:
     checkpoint: Checkpoint
-    max_batch_size: int = 32
+    max_batch_size: int = DEFAULTS.batching.max_batch_size
     sort_by_length: bool = True  # streaming: feed sources sorted by length (bucketing) or as given
     tuner: BatchTuner | None = None  # closed-loop batch size (batch mode); None: max_batch_size
 
     @classmethod
-    def load(cls, model: str | Reader, *, threads: int | None = None, max_batch_size: int = 32,
+    def load(cls, model: str | Reader, *, threads: int | None = None, max_batch_size: int = DEFAULTS.batching.max_batch_size,
              speedups: CpuSpeedups = EXACT, device: torch.device | str = "cpu") -> "Translator":
         """``model``: a local directory, or a reader (e.g. ``raymt.pipeline.storage.model_reader(url)``).
         ``speedups``: the CPU rewrites (``workers/speedups.py``); the default keeps float32 outputs.
@@ -109,7 +110,7 @@ class Translator:
         if batching is None and static is not None and shortlist is None and not self.tuner and self.sort_by_length:
             # the same batches on one engine (FIXED: admit one, no refill until it is done), so the
             # static step's CUDA graph is captured once per call, not once per batch
-            batching = batch_schedule(self.max_batch_size, cfg.beam_size)
+            batching = batch_schedule(self.max_batch_size)
         if batching is not None:
             try:
                 return Decoded(self._stream(sources, cfg, shortlist, batching, stats, static), stats)
@@ -200,7 +201,7 @@ class Translator:
     def _search(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
                 stats: DecodeStats, static: StaticStep | None = None) -> list[list[Hypothesis]]:
         """One length-sorted batch, decoded to its end: the FIXED policy over exactly these sentences."""
-        return self._engine(cfg, shortlist, sources, batch_schedule(len(sources), cfg.beam_size), stats,
+        return self._engine(cfg, shortlist, sources, batch_schedule(len(sources)), stats,
                             static).decode(sources)
 
     def _stream(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
@@ -236,7 +237,7 @@ class Translator:
     def translate(self, texts: list[str], cfg: SearchConfig | None = None, shortlist: Shortlist | None = None,
                   batching: SchedulerConfig | None = None, *, stats: DecodeStats | None = None) -> list[Translation]:
         """Texts -> translations (input order); ``stats``: counters to add this call's to."""
-        cfg = cfg or SearchConfig()
+        cfg = cfg or DEFAULTS.search  # the command line's defaults too
         tok = self.checkpoint.tokenizer
         nonempty = [i for i, t in enumerate(texts) if t.strip()]
         hyps = self.decode_ids(self.encode([texts[i] for i in nonempty]), cfg, shortlist, batching, stats=stats).hypotheses

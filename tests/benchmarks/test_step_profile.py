@@ -24,7 +24,7 @@ def test_breakdown_covers_the_run_by_phase(demo_model_dir) -> None:
 
 def test_breakdown_of_the_streaming_decoder(demo_model_dir) -> None:
     translator = Translator.load(str(demo_model_dir))
-    batching = SchedulerConfig(policy=Policy.VAR_STREAM, max_batch_sentences=4, capacity=4, beam_size=3)
+    batching = SchedulerConfig(policy=Policy.VAR_STREAM, max_batch_sentences=4, capacity=4)
     rows = step_breakdown(lambda lines: translator.translate(lines, SearchConfig(beam_size=3), batching=batching),
                           clean_corpus(12))
     by = {r["phase"]: r["share"] for r in rows}

@@ -70,24 +70,24 @@ def test_fast_preset_is_the_measured_pruning_unless_heuristics_are_given():
 
 
 def test_batching_auto_is_topup_unless_batches_decide_the_output():
-    from raymt.jobs.translate import build_parser, scheduler_config, search_config, signature
+    from raymt.jobs.translate import build_parser, decode_config, scheduler_config, signature
     from raymt.workers.scheduler import Policy
     base = ["--model", "m", "--input", "i", "--output", "o"]
     auto = build_parser().parse_args(base)
-    assert scheduler_config(auto).policy is Policy.TOPUP and "|batching:topup" in signature(auto, search_config(auto))
+    assert scheduler_config(auto).policy is Policy.TOPUP and "|batching:topup" in signature(auto, decode_config(auto))
     for extra in (["--shortlist", "lex.s2t"], ["--tune-batch"], ["--batching", "batch"]):
         assert scheduler_config(build_parser().parse_args([*base, *extra])) is None  # length-sorted batches
     assert scheduler_config(build_parser().parse_args([*base, "--batching", "fifo", "--tune-batch"])).policy is Policy.FIFO
 
 
 def test_batching_defaults_follow_the_device_and_flags_win(tmp_path):
-    from raymt.jobs.translate import build_parser, pipeline_config, search_config
+    from raymt.jobs.translate import build_parser, decode_config, pipeline_config
     from raymt.workers.device import CPU_DEFAULTS, GPU_DEFAULTS
     base = ["--model", "m", "--input", "i", "--output", str(tmp_path / "o")]
 
     def settings(*extra):
         args = build_parser().parse_args([*base, *extra])
-        pc = pipeline_config(args, search_config(args))
+        pc = pipeline_config(args, decode_config(args))
         return pc.decoder, pc.unit_rows
 
     cpu, units = settings()
@@ -184,11 +184,11 @@ def test_an_in_process_job_prints_progress_inside_its_unit(demo_model_dir, tmp_p
 
 
 def test_one_model_spelled_two_ways_has_one_signature_and_bad_options_are_usage_errors(capsys):
-    from raymt.jobs.translate import build_parser, search_config, signature
+    from raymt.jobs.translate import build_parser, decode_config, signature
 
     def sig(model: str) -> str:
         args = build_parser().parse_args(["--model", model, "--input", "i", "--output", "o"])
-        return signature(args, search_config(args)).split("|")[0]
+        return signature(args, decode_config(args)).split("|")[0]
     assert sig("models/demo-de-en") == sig("./models/demo-de-en/") == "model:models/demo-de-en"
     assert sig("s3://b/m/") == "model:s3://b/m"
     with pytest.raises(SystemExit) as e:
@@ -202,3 +202,47 @@ def test_rows_not_translated_as_given_are_counted_by_status(demo_model_dir, tmp_
     main(["--model", str(demo_model_dir), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.txt")])
     assert "rows by status: empty 2, ok 2" in capsys.readouterr().out
     assert json.loads((tmp_path / "out.txt.parts" / "_SUCCESS").read_text())["rows_by_status"] == {"ok": 2, "empty": 2}
+
+
+def test_the_api_and_the_command_line_translate_alike_with_their_defaults(demo_model_dir, tmp_path):
+    """``Translator.translate`` and ``python -m raymt.jobs.translate`` decode with one table of defaults
+    (raymt.workers.decode_config): the same lines give the same translations. The repeated word runs
+    past the length cap a * source + b, so a cap that differed between the two would show."""
+    import os
+    import subprocess
+    import sys
+
+    from raymt.workers.translator import Translator
+    lines = [*SAMPLE.read_text(encoding="utf-8").split("\n")[:4], "Ja ja ja ja ja ja ja ja ja ja ja ja"]
+    src, out = tmp_path / "in.de.txt", tmp_path / "out.en.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    subprocess.run([sys.executable, "-m", "raymt.jobs.translate", "--in-process", "--threads", "1", "--model",
+                    str(demo_model_dir), "--input", str(src), "--output", str(out)],
+                   cwd=ROOT, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    api = [t.text for t in Translator.load(str(demo_model_dir), threads=1).translate(lines)]
+    assert out.read_text(encoding="utf-8").split("\n")[:-1] == api
+    assert len(api[-1].split()) < 30  # the cap binds: unbounded, the model repeats "ja" for 256 tokens
+
+
+def test_every_flag_default_is_the_table_of_defaults():
+    from raymt.jobs.translate import build_parser, decode_config
+    from raymt.workers.decode_config import DEFAULTS, SCHEDULE
+    args = build_parser().parse_args(["--model", "m", "--input", "i", "--output", "o"])
+    decode = decode_config(args)
+    assert decode.search == DEFAULTS.search and decode.runtime == DEFAULTS.runtime and decode.shortlist is None
+    assert decode.batching.schedule == SCHEDULE and decode.batching.max_batch_size == DEFAULTS.batching.max_batch_size
+
+
+def test_help_lists_user_flags_first_and_research_knobs_last():
+    from raymt.jobs.translate import build_parser
+    text = build_parser().format_help()
+    titles = ["input and output columns:", "search:", "shortlist vocabulary", "scheduling and batching",
+              "fault tolerance and resume:", "research:"]
+    positions = [text.index(t) for t in titles]
+    assert positions == sorted(positions), titles
+    user = text[: positions[0]]
+    for flag in ("--model", "--input", "--output", "--beam-size", "--nbest", "--device", "--decoders", "--threads"):
+        assert flag in user, flag
+    research = text[positions[-1]:]
+    assert all(f in research for f in ("--rp", "--ap", "--fast", "--epsilon", "--flush-every"))
+    assert "--rp" not in text[: positions[-1]] and "--max-batch-size" not in user

@@ -48,14 +48,15 @@ def test_the_decoder_trims_after_each_item(demo_model_dir, tmp_path, monkeypatch
     from raymt.pipeline.actors import DecoderSettings, DecoderWorker
     from raymt.pipeline.units import Columns, plan_units
     from raymt.workers.config import SearchConfig
+    from raymt.workers.decode_config import DecodeConfig, RuntimeConfig
 
     src = tmp_path / "in.txt"
     src.write_text("Ein Hund läuft.\nZwei Männer spielen Fußball.\nEine Frau liest.\n")
     units = plan_units(str(src), Columns(), 2).units
     calls = []
     monkeypatch.setattr(actors, "trim_heap", lambda: calls.append(1) or True)
-    settings = DecoderSettings(model=str(demo_model_dir), output=str(tmp_path / "out"), search=SearchConfig(beam_size=1),
-                               batching=None, signature="heap-test")
+    settings = DecoderSettings(model=str(demo_model_dir), output=str(tmp_path / "out"), signature="heap-test",
+                               decode=DecodeConfig(SearchConfig(beam_size=1), runtime=RuntimeConfig(threads=1)))
     worker = DecoderWorker(settings, Columns())
     try:
         stats = worker.decode(units)

@@ -34,8 +34,7 @@ def decode(translator: Translator, beam: int, batching=None, shortlist=None) -> 
 @pytest.mark.parametrize("beam, policy", [(1, None), (3, None), (3, Policy.VAR_STREAM), (3, Policy.TOPUP),
                                           (1, Policy.FIXED)])
 def test_decoding_creates_every_tensor_on_the_models_device(translator, beam, policy):
-    batching = None if policy is None else SchedulerConfig(policy=policy, max_batch_sentences=2, capacity=2,
-                                                           beam_size=beam)
+    batching = None if policy is None else SchedulerConfig(policy=policy, max_batch_sentences=2, capacity=2)
     expected = decode(translator, beam, batching)
     with torch.device("meta"):  # anything created without device= would be a meta tensor
         assert decode(translator, beam, batching) == expected
@@ -66,7 +65,7 @@ def test_the_static_step_creates_every_tensor_on_the_models_device(translator):
     from raymt.workers.engine import Engine, StaticStep
 
     sources = translator.encode(TEXTS[:2] + TEXTS[3:])
-    sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2, beam_size=3)
+    sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2)
     engine = Engine(translator.checkpoint.model, SearchConfig(beam_size=3), sched, static=StaticStep())
     expected = [h[0].tokens for h in engine.decode(sources)]
     with torch.device("meta"):
@@ -123,7 +122,7 @@ def test_the_device_step_never_reads_the_device(demo_model_dir, beam, static, pr
 
     sources = Translator.load(str(demo_model_dir)).encode(TEXTS[:2] + TEXTS[3:])
     model = Translator.load(str(demo_model_dir), device="meta").checkpoint.model
-    sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2, beam_size=beam)
+    sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2)
     engine = Engine(model, SearchConfig(beam_size=beam, pruning=pruning or PruningConfig()), sched,
                     static=StaticStep() if static else None)
     step, seen = engine._device_step, {}

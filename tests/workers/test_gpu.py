@@ -39,8 +39,7 @@ def cuda(demo_model_dir) -> Translator:
 @pytest.mark.parametrize("policy", [None, Policy.TOPUP, Policy.VAR_STREAM])
 def test_float32_on_cuda_translates_as_on_the_cpu(cpu, cuda, policy):
     src, _ = lines(128)
-    batching = None if policy is None else SchedulerConfig(policy=policy, max_batch_sentences=32, capacity=32,
-                                                            beam_size=5)
+    batching = None if policy is None else SchedulerConfig(policy=policy, max_batch_sentences=32, capacity=32)
     on_cpu = [t.text for t in cpu.translate(src, SearchConfig(beam_size=5), batching=batching)]
     on_gpu = [t.text for t in cuda.translate(src, SearchConfig(beam_size=5), batching=batching)]
     same = sum(a == b for a, b in zip(on_cpu, on_gpu))
@@ -67,13 +66,15 @@ def test_one_readback_per_step_on_cuda(cuda):
 
 def test_the_decoder_worker_decodes_on_its_gpu(demo_model_dir, tmp_path):
     from raymt.pipeline.actors import DecoderSettings, DecoderWorker
+    from raymt.workers.decode_config import DecodeConfig, RuntimeConfig
     from raymt.pipeline.units import Columns
 
-    settings = DecoderSettings(model=str(demo_model_dir), output=str(tmp_path / "out"), search=SearchConfig(beam_size=2),
-                               batching=None, signature="gpu-test", device="cuda")
+    settings = DecoderSettings(model=str(demo_model_dir), output=str(tmp_path / "out"), signature="gpu-test",
+                               decode=DecodeConfig(SearchConfig(beam_size=2), runtime=RuntimeConfig(device="cuda")))
     worker = DecoderWorker(settings, Columns("text", None, None))
     assert worker.translator.checkpoint.model.device.type == "cuda"
-    worker = DecoderWorker(replace(settings, device="auto"), Columns("text", None, None))
+    auto = replace(settings, decode=replace(settings.decode, runtime=RuntimeConfig(device="auto")))
+    worker = DecoderWorker(auto, Columns("text", None, None))
     assert worker.translator.checkpoint.model.device.type == "cuda"  # auto picks the GPU where there is one
 
 
@@ -86,7 +87,7 @@ def test_the_static_step_on_cuda_decodes_as_the_dynamic_one(cuda, monkeypatch):
 
     src, _ = lines(96)
     sources = cuda.encode(src)
-    sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=32, capacity=32, beam_size=5)
+    sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=32, capacity=32)
     model = cuda.checkpoint.model
     dynamic = [h[0].tokens for h in Engine(model, SearchConfig(beam_size=5), sched).decode(sources)]
     for every, late in ((1, False), (4, False), (4, True)):  # (late: read back through pinned memory, a step on)
@@ -140,7 +141,7 @@ def test_the_gpu_defaults_translate_as_the_dynamic_step_and_fit_memory(cuda, mon
     src, _ = lines(1000)
     sources, cfg = cuda.encode(src), SearchConfig(beam_size=5)
     topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=d.max_batch_size, capacity=d.max_batch_size,
-                            beam_size=5, refill_threshold=d.refill_threshold)
+                            refill_threshold=d.refill_threshold)
     def same(a, b) -> int:
         return sum(x[0].tokens == y[0].tokens for x, y in zip(a.hypotheses, b.hypotheses))
 

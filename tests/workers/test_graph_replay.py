@@ -51,7 +51,7 @@ def static_decode(translator: Translator, beam: int, readback: int, policy: Poli
     sources = translator.encode(TEXTS)
     cfg = SearchConfig(beam_size=beam, num_hypotheses=1, max_length_a=0.0, max_length_b=9,
                        pruning=pruning or PruningConfig())
-    batching = SchedulerConfig(policy=policy, max_batch_sentences=2, capacity=2, beam_size=beam)
+    batching = SchedulerConfig(policy=policy, max_batch_sentences=2, capacity=2)
     return lambda: translator.decode_ids(sources, cfg, batching=batching,
                                          static=StaticStep(readback_every=readback, late=late)).hypotheses
 

@@ -7,9 +7,9 @@ from raymt.workers.scheduler import (CapacityUnit, Policy, Request, Scheduler, S
                                StepPlan)
 
 
-def make(policy: Policy, n: int = 4, **kwargs) -> Scheduler:
+def make(policy: Policy, n: int = 4, beam_size: int = 1, **kwargs) -> Scheduler:
     cfg = SchedulerConfig(policy=policy, max_batch_sentences=n, capacity=kwargs.pop("capacity", n), **kwargs)
-    return Scheduler(cfg)
+    return Scheduler(cfg, beam_size=beam_size)
 
 
 def feed(s: Scheduler, lengths: list[int], source_lengths: list[int] | None = None) -> None:
@@ -133,9 +133,9 @@ def test_invalid_config_raises(kwargs: dict) -> None:
 def test_policy_and_unit_names_are_their_enums() -> None:
     """A string names the same policy and unit as the enum (it once fell through to the token unit:
     VAR-STREAM with capacity_unit="beams" admitted one sentence at a time)."""
-    cfg = SchedulerConfig(policy="var-stream", capacity=10, capacity_unit="beams", beam_size=5)
+    cfg = SchedulerConfig(policy="var-stream", capacity=10, capacity_unit="beams")
     assert cfg.policy is Policy.VAR_STREAM and cfg.capacity_unit is CapacityUnit.BEAMS
-    s = Scheduler(cfg)
+    s = Scheduler(cfg, beam_size=5)
     for i in range(4):
         s.add(Request(i, source_length=9))
     assert s.schedule().admit == (0, 1)  # two sentences of 5 beams, not one of 9 source tokens

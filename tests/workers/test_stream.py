@@ -67,7 +67,7 @@ SEARCH = SearchConfig(beam_size=4, num_hypotheses=2, max_length_a=1.0, max_lengt
     (Policy.TOPUP, CapacityUnit.TOKENS, 40)])
 def test_every_policy_equals_batch_beam_search(model, sources, policy, unit, capacity):
     sched = SchedulerConfig(policy=policy, max_batch_sentences=6, capacity=capacity, capacity_unit=unit,
-                            beam_size=SEARCH.beam_size, epsilon=1 / 3, flush_every=5)
+                            epsilon=1 / 3, flush_every=5)
     decoder = Engine(model, SEARCH, sched, forced_eos=True)
     streamed = decoder.decode(sources)
     assert same(streamed, batch_reference(model, sources, SEARCH))
@@ -82,15 +82,15 @@ def test_every_policy_equals_batch_beam_search(model, sources, policy, unit, cap
 def test_var_stream_equals_var_batch_with_pruning(model, sources):
     cfg = replace(SEARCH, pruning=PruningConfig(ap=1.5, mc=2))
     var_batch = Engine(model, cfg, SchedulerConfig(policy=Policy.VAR_BATCH, max_batch_sentences=6,
-                                                          capacity=6, beam_size=4)).decode(sources)
+                                                          capacity=6)).decode(sources)
     var_stream = Engine(model, cfg, SchedulerConfig(policy=Policy.VAR_STREAM, max_batch_sentences=6,
-                                                           capacity=6, beam_size=4, epsilon=1 / 6)).decode(sources)
+                                                           capacity=6, epsilon=1 / 6)).decode(sources)
     assert same(var_stream, var_batch)
     assert same(var_batch, batch_reference(model, sources, cfg))
 
 
 def test_stream_with_shortlist_of_whole_vocabulary_is_unchanged(model, sources):
-    sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=5, capacity=5, beam_size=4)
+    sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=5, capacity=5)
     plain = Engine(model, SEARCH, sched).decode(sources[:12])
     listed = Engine(model, SEARCH, sched, candidates=torch.arange(V)).decode(sources[:12])
     assert same(plain, listed)
@@ -103,7 +103,7 @@ def test_five_hundred_sentences_stream_equals_batch(model):
     sources = [torch.randint(1, PAD, (n - 1,), generator=gen).tolist() + [EOS] for n in lengths]
     cfg = SearchConfig(beam_size=3, max_length_a=1.0, max_length_b=2, max_decoding_length=12)
     pruned = replace(cfg, pruning=PruningConfig(delta=1.5, mc=2))
-    sched = SchedulerConfig(max_batch_sentences=16, capacity=16, beam_size=3, epsilon=1 / 6)
+    sched = SchedulerConfig(max_batch_sentences=16, capacity=16, epsilon=1 / 6)
     fixed = batch_reference(model, sources, cfg, batch_size=16)
     fixed_stream = Engine(model, cfg, replace(sched, policy=Policy.TOPUP)).decode(sources)
     var_batch = Engine(model, pruned, replace(sched, policy=Policy.VAR_BATCH)).decode(sources)
@@ -130,7 +130,7 @@ def test_unfilled_self_attention_storage_is_never_read(model, sources, monkeypat
 
     monkeypatch.setattr(KVCache, "empty", classmethod(poisoned))
     monkeypatch.setattr(model.model.decoder, "ops", NativeOps(kernels))
-    sched = SchedulerConfig(policy=Policy.VAR_STREAM, max_batch_sentences=6, capacity=6, beam_size=4,
+    sched = SchedulerConfig(policy=Policy.VAR_STREAM, max_batch_sentences=6, capacity=6,
                             epsilon=1 / 3, flush_every=3)  # flushes: rows at different positions share steps
     assert same(Engine(model, SEARCH, sched).decode(sources), expected)
 
@@ -150,7 +150,7 @@ def test_the_static_step_decodes_as_the_dynamic_one(model, sources, policy, unit
             pytest.skip("native decode operators could not be built here")
         monkeypatch.setattr(model.model.decoder, "ops", NativeOps(kernels))
     sched = SchedulerConfig(policy=policy, max_batch_sentences=6, capacity=capacity, capacity_unit=unit,
-                            beam_size=SEARCH.beam_size, epsilon=1 / 3, flush_every=5)
+                            epsilon=1 / 3, flush_every=5)
     pruned = replace(SEARCH, pruning=PruningConfig(rp=0.6))
     for cfg in (SEARCH, pruned, replace(SEARCH, beam_size=1, num_hypotheses=1)):
         engine = Engine(model, cfg, replace(sched, beam_size=cfg.beam_size))
@@ -174,7 +174,7 @@ def test_a_deferred_readback_comes_early_once_every_sentence_is_at_its_cap(model
     """Readback every 50 steps, sentences capped at 3 tokens: the host knows they are all done after
     their third step and reads back at once instead of running 47 frozen steps."""
     cfg = replace(SEARCH, max_length_a=0.0, max_length_b=3)
-    sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=8, capacity=8, beam_size=cfg.beam_size)
+    sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=8, capacity=8)
     dynamic = Engine(model, cfg, sched).decode(sources)
     for late in (False, True):
         engine = Engine(model, cfg, sched, static=StaticStep(readback_every=50, late=late))
@@ -208,7 +208,7 @@ def test_the_device_advances_the_static_indices_as_the_host_would_build_them(mod
 
     monkeypatch.setattr(StaticIndices, "step_index", checking)
     cfg = replace(SEARCH, max_length_a=0.0, max_length_b=9)  # (some sentences end at the cap)
-    sched = SchedulerConfig(policy=policy, max_batch_sentences=6, capacity=6, beam_size=cfg.beam_size)
+    sched = SchedulerConfig(policy=policy, max_batch_sentences=6, capacity=6)
     dynamic = Engine(model, cfg, sched).decode(sources)
     engine = Engine(model, cfg, sched, static=StaticStep(readback_every=every, late=late))
     assert same(engine.decode(sources), dynamic)

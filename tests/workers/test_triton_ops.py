@@ -192,7 +192,7 @@ def test_the_static_step_with_the_fused_output_step_decodes_as_atens_dynamic_one
     decoder = translator.checkpoint.model.model.decoder
     sources = translator.encode(["Ein Hund rennt über die Wiese.", "Eine Frau liest.", "Zwei Männer."])
     cfg = SearchConfig(beam_size=2, num_hypotheses=2, max_length_a=0.0, max_length_b=6)
-    batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2, beam_size=2)
+    batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2)
     decoder.ops = ATEN
     want = translator.decode_ids(sources, cfg, batching=batching).hypotheses
     decoder.ops = triton_ops.TritonOps()
@@ -273,7 +273,7 @@ def test_the_triton_attention_never_reads_an_unwritten_position(demo_model_dir, 
     decoder = translator.checkpoint.model.model.decoder
     sources = translator.encode(["Ein Hund rennt über die Wiese.", "Eine Frau liest.", "Zwei Männer.", "Ein Kind."])
     cfg = SearchConfig(beam_size=3, num_hypotheses=2)
-    batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2, beam_size=3)
+    batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2)
     decoder.ops = ATEN
     want = translator.decode_ids(sources, cfg, batching=batching).hypotheses
     monkeypatch.setattr(KVCache, "empty", classmethod(poisoned))
@@ -308,7 +308,7 @@ def test_the_static_step_with_the_triton_kernels_is_safe_to_replay(demo_model_di
     sources = translator.encode(["Ein Hund rennt über die Wiese.", "Eine Frau liest.", "Zwei Männer.", "Ein Kind.",
                                  "Zwei Hunde spielen im Schnee."])
     cfg = SearchConfig(beam_size=2, num_hypotheses=1, max_length_a=0.0, max_length_b=8)
-    batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2, beam_size=2)
+    batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2)
     trace = trace_static_decode(monkeypatch, lambda: translator.decode_ids(
         sources, cfg, batching=batching, static=StaticStep(readback_every=2)).hypotheses, triton_ops)
     kernels_run = [op for op, _ in trace.steps[CAPTURED] if not op.startswith("aten.")]

@@ -76,7 +76,7 @@ def test_a_gpu_decode_fits_its_slots_to_free_memory_with_the_same_output(demo_mo
     texts = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch.",
              "Kinder spielen im Park.", "Ein Mann fährt Fahrrad.", "Eine Katze schläft."]
     sources, cfg = tr.encode(texts), SearchConfig(beam_size=3)
-    topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=1024, capacity=1024, beam_size=3)
+    topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=1024, capacity=1024)
     mc = tr.checkpoint.model.config
     longest = max(map(len, sources))
     per = bytes_per_sentence(layers=mc.decoder_layers, d_model=mc.d_model, vocab=mc.decoder_vocab_size, beam=3,
@@ -116,7 +116,7 @@ def test_streaming_out_of_memory_falls_back_to_batches_with_identical_output(dem
                                                                            caplog) -> None:
     texts = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch.",
              "Kinder spielen im Park.", "Ein Mann fährt Fahrrad."]
-    cfg, topup = SearchConfig(beam_size=3), SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=4, beam_size=3)
+    cfg, topup = SearchConfig(beam_size=3), SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=4)
     tr = Translator.load(str(demo_model_dir), max_batch_size=2)
     expected = [t.text for t in tr.translate(texts, cfg, batching=topup)]
 

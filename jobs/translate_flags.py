@@ -1,0 +1,177 @@
+"""The translate command's flags, grouped as ``--help`` shows them: what a user sets first (model,
+input, output, beam, n-best, device, decoders, threads), then input columns, search, precision,
+shortlist, scheduling and batching, the Ray cluster and fault tolerance; research knobs (beam
+pruning, VAR-STREAM's refill) last. Every default is read from ``raymt.workers.decode_config``'s
+one table, the one ``Translator`` decodes with too.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+
+from raymt.workers.decode_config import DEFAULTS, SCHEDULE, SHORTLIST
+from raymt.workers.scheduler import CapacityUnit, Policy
+
+SEARCH = DEFAULTS.search
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every flag's default in its help line (a flag without
+    one, or whose default depends on the device, says so in its own words)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def device_name(text: str) -> str:
+    """``--device``'s form (whether the GPU is there is checked where it decodes)."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected auto, cpu, cuda or cuda:N")
+    return text
+
+
+def build_parser(description: str | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
+    add_user_flags(p)
+    add_input_flags(p.add_argument_group("input and output columns"))
+    add_search_flags(p.add_argument_group("search"))
+    add_precision_flags(p.add_argument_group("precision and CPU speed-ups"))
+    add_shortlist_flags(p.add_argument_group("shortlist vocabulary (Shi & Knight 2017); see raymt.jobs.build_shortlist"))
+    add_batching_flags(p.add_argument_group("scheduling and batching (every policy gives the same translations)"))
+    add_cluster_flags(p.add_argument_group("Ray cluster"))
+    add_fault_flags(p.add_argument_group("fault tolerance and resume"))
+    add_research_flags(p.add_argument_group("research: beam pruning (Freitag & Al-Onaizan 2017; Yang et al. 2020) "
+                                            "and VAR-STREAM refilling; all off by default"))
+    return p
+
+
+def add_user_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="checkpoint directory or fsspec URL")
+    p.add_argument("--input", required=True, help="a text file (a sentence a line), a .parquet file, or a "
+                   "directory / prefix of .parquet and .txt files (local or URL)")
+    p.add_argument("--output", required=True, help="a directory (ends in '/', exists, or has no extension) or one "
+                   "file: .parquet, else text")
+    p.add_argument("--beam-size", type=int, default=SEARCH.beam_size, help="beam width (1: greedy)")
+    p.add_argument("--nbest", type=int, default=SEARCH.num_hypotheses, help="hypotheses kept per sentence (<= beam size)")
+    p.add_argument("--device", type=device_name, metavar="{auto,cpu,cuda,cuda:N}",
+                   help="where each decoder decodes (default: cuda with --gpus-per-decoder, else cpu). A GPU that "
+                        "is not there is an error, never a silent CPU fallback. On Ray, cuda reserves one GPU "
+                        "per decoder actor unless --gpus-per-decoder says otherwise")
+    p.add_argument("--decoders", type=int, default=0, help="decoder actors (0: as many as the cluster's cores allow)")
+    p.add_argument("--threads", type=int, default=DEFAULTS.runtime.threads, help="torch intra-op threads per decoder "
+                   "(0: all cores in-process, 2 per decoder actor on Ray)")
+
+
+def add_input_flags(g) -> None:
+    g.add_argument("--text-column", default="text", help="the Parquet column to translate")
+    g.add_argument("--id-column", help="default: 'id' when present, else the row number")
+    g.add_argument("--reference-column", help="references for --evaluate")
+    g.add_argument("--evaluate", action="store_true", help="sacreBLEU BLEU and chrF against --reference-column")
+    g.add_argument("--report", action="store_true",
+                   help="after the job, render the per-actor stats as <output>.report.png / .html (jobs/report.py)")
+
+
+def add_search_flags(g) -> None:
+    g.add_argument("--length-penalty", type=float, default=SEARCH.length_penalty,
+                   help="score / length ** penalty (HF semantics)")
+    g.add_argument("--max-length", type=int, default=SEARCH.max_decoding_length, help="absolute cap on generated tokens")
+    g.add_argument("--max-length-a", type=float, default=SEARCH.max_length_a,
+                   help="per-sentence cap a * source_length + b")
+    g.add_argument("--max-length-b", type=int, default=SEARCH.max_length_b, help="see --max-length-a")
+
+
+def add_precision_flags(g) -> None:
+    precision = g.add_mutually_exclusive_group()  # alternatives: float32 (default), int8, bf16 or fp16
+    precision.add_argument("--int8", action="store_true", help="int8 dynamic quantisation of the linear layers (CPU; "
+                           "measured in docs/results/peers-*.md: faster, BLEU within quantisation noise)")
+    precision.add_argument("--bf16", action="store_true", help="bfloat16 weights and activations (instead of --int8; "
+                           "fast where the CPU has AVX512-BF16/AMX, BLEU within noise). On a CPU without bf16 GEMMs "
+                           "(AVX2-only: AMD Zen 2/3, older Intel) it is refused with one line before any work)")
+    precision.add_argument("--fp16", action="store_true", help="float16 weights and activations (for GPUs without bf16: "
+                           "T4, V100; log-softmax and scores stay float32)")
+    g.add_argument("--no-speedups", action="store_true", help="plain torch layers: no fused QKV, no oneDNN packing")
+
+
+def add_shortlist_flags(g) -> None:
+    g.add_argument("--shortlist", help="lex.s2t (with its .freq) or CTranslate2 .vmap file")
+    g.add_argument("--shortlist-m", type=int, default=SHORTLIST.top_m, help="top translations kept per source token "
+                   "(10: the fastest within 0.3 BLEU, docs/results/shortlist-multi30k.md)")
+    g.add_argument("--shortlist-n", type=int, default=SHORTLIST.top_n, help="most frequent target tokens always kept")
+
+
+def add_batching_flags(g) -> None:
+    g.add_argument("--max-batch-size", type=int, help="sentences per decoding batch (the streaming slots); default "
+                   "32 on the CPU, 1024 on a GPU, fitted there to free memory (workers/device.py)")
+    g.add_argument("--batching", choices=["auto", "batch", *[x.value for x in Policy]], default="auto",
+                   help="batch: length-sorted batches decoded to the end; otherwise that streaming policy. auto: "
+                        "topup (1.2x batch on WMT22's long-tailed lengths), or batch with --shortlist or "
+                        "--tune-batch, which work per batch")
+    g.add_argument("--refill-threshold", type=float,
+                   help="topup: refill once this share is empty (default 0.5 on the CPU, 0.05 on a GPU)")
+    g.add_argument("--capacity", type=int, default=0, help="streaming capacity (0: --max-batch-size sentences)")
+    g.add_argument("--capacity-unit", choices=[x.value for x in CapacityUnit], default=SCHEDULE.capacity_unit.value,
+                   help="what --capacity counts")
+    g.add_argument("--tune-batch", action="store_true",
+                   help="closed-loop batch size from measured throughput and free memory, starting at "
+                        "--max-batch-size; a batch that runs out of memory is split and retried")
+    g.add_argument("--static-step", type=int, metavar="N",
+                   help="the one-shape decoder step, captured once as a CUDA graph on a GPU and replayed, its "
+                        "results read back every N steps (0: the dynamic step). Same outputs; on the CPU it only "
+                        "costs. Default 0 on the CPU, 4 on a GPU")
+    g.add_argument("--late-readback", action="store_true",
+                   help="the static step's results read one step late, once the next step is queued, so the GPU "
+                        "runs it while the host frees and refills slots (same outputs; slots refill a step later). "
+                        "Only with the static step (--static-step N > 0, a GPU's default)")
+    g.add_argument("--unit-rows", type=int,
+                   help="rows per work unit: the commit / resume grain, and the decoder sorts by length within it. "
+                        "Default: what the output's plan used when resuming; else 2500 on the CPU, and on a GPU "
+                        "1/64 of the input within 2500..50000 (a GPU's slots drain at each unit's end: "
+                        "docs/results/occupancy.md)")
+
+
+def add_cluster_flags(g) -> None:
+    g.add_argument("--in-process", action="store_true", help="no Ray: decode in this process (same worker code)")
+    g.add_argument("--local-rows", type=int, default=1000,
+                   help="with no cluster address (RAY_ADDRESS), inputs of at most this many rows are decoded in "
+                        "this process instead of starting Ray (0: always Ray)")
+    g.add_argument("--min-decoders", type=int, help="autoscaling pool: at least this many decoder actors")
+    g.add_argument("--max-decoders", type=int, help="autoscaling pool: at most this many decoder actors")
+    g.add_argument("--encoders", type=int, default=1, help="encoder (tokeniser) actors; 0: decoders tokenise")
+    g.add_argument("--cpus-per-decoder", type=float, default=0, help="CPUs reserved per decoder (0: --threads)")
+    g.add_argument("--gpus-per-decoder", type=float, default=0,
+                   help="GPUs reserved per decoder actor; each decodes on the GPU Ray assigns it (--device cuda)")
+    g.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines")
+
+
+def add_fault_flags(g) -> None:
+    g.add_argument("--restart", action="store_true",
+                   help="the output was started by another plan (input, model, search, --unit-rows): discard its "
+                        "parts and translate afresh instead of refusing")
+    g.add_argument("--skip-corrupt", action="store_true",
+                   help="an unreadable Parquet file is skipped (reported) and a unit whose rows cannot be read "
+                        "is written as rows with status 'unreadable', instead of failing the job")
+    g.add_argument("--lease-ttl", type=float, default=60.0,
+                   help="seconds this job's hold on the output outlives it if it is paused, cut off or killed on "
+                        "another node; a job paused past it has lost the output and stops without writing")
+    g.add_argument("--decoder-wait", type=float, default=600.0,
+                   help="seconds the job waits with no decoder actor ready (cluster full, GPUs missing, actors "
+                        "crashing) before it fails naming the units left; rerunning resumes")
+    g.add_argument("--stall-timeout", type=float, default=1800.0,
+                   help="a decoder actor with work that returns nothing for this many seconds is killed and "
+                        "restarted; its units are sent again. An encoder stream that delivers nothing this long "
+                        "while every decoder waits is given up: its units go to the decoders untokenised")
+    g.add_argument("--debug", action="store_true", help="on a job error, the full traceback instead of one line")
+
+
+def add_research_flags(g) -> None:
+    g.add_argument("--rp", type=float, help="relative threshold: drop p(cand) <= rp * p(best)")
+    g.add_argument("--ap", type=float, help="absolute threshold: drop log p(cand) <= log p(best) - ap")
+    g.add_argument("--rpl", type=float, help="relative local threshold on the last word's probability")
+    g.add_argument("--mc", type=int, help="max candidates per node (same history)")
+    g.add_argument("--delta", type=float, help="absolute threshold against the best candidate, finished ones included")
+    g.add_argument("--early-stop", action="store_true", help="drop beams below the best finished hypothesis")
+    g.add_argument("--fast", action="store_true", help="the measured fast pruning (raymt.workers.config.FAST_PRUNING: "
+                   "rp 0.6) unless heuristics are given explicitly; see docs/results/search.md")
+    g.add_argument("--epsilon", type=float, default=SCHEDULE.epsilon, help="var-stream refill threshold")
+    g.add_argument("--flush-every", type=int, default=SCHEDULE.flush_every,
+                   help="var-stream: expand all sentences every N steps")

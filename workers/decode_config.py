@@ -1,0 +1,97 @@
+"""One decode configuration, ``DecodeConfig`` (search, batching, runtime, shortlist), and the one
+table of its defaults, ``DEFAULTS``.
+
+The command line (``raymt.jobs.translate``: every flag's default is read from here), the Python API
+(``Translator.load`` / ``Translator.translate``) and the jobs build their decoding from this table,
+so the same text translates the same whichever way it comes in. Defaults that depend on the device
+the decoders decode on (batch size, static step, refill threshold) are ``workers/device.py``'s
+``CPU_DEFAULTS`` / ``GPU_DEFAULTS``; the table holds the CPU's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raymt.workers.config import SearchConfig
+from raymt.workers.device import CPU_DEFAULTS
+from raymt.workers.scheduler import Policy, SchedulerConfig
+from raymt.workers.speedups import EXACT, CpuSpeedups
+from raymt.workers.static_step import StaticStep
+
+
+@dataclass(frozen=True, slots=True)
+class ShortlistSource:
+    """A lexical shortlist to decode over (``raymt.pipeline.shortlists.load_shortlist``)."""
+
+    path: str  # lex.s2t (with its .freq) or a CTranslate2 .vmap file
+    top_m: int = 10  # top translations kept per source token
+    top_n: int = 100  # most frequent target tokens always kept
+
+    def __post_init__(self) -> None:
+        if self.top_m < 0 or self.top_n < 0:
+            raise ValueError("shortlist top_m and top_n must be >= 0")
+
+    def signature(self) -> str:
+        return f"shortlist:{self.path}:{self.top_m}:{self.top_n}"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingConfig:
+    """How sentences are grouped into decoder steps.
+
+    ``schedule`` None: length-sorted batches of ``max_batch_size`` decoded to their end; otherwise
+    the engine streams under that policy with ``schedule.max_batch_sentences`` slots. Every policy
+    gives the same translations. ``tune``: closed-loop batch size (``workers/tuning.py``) starting at
+    ``max_batch_size``. ``static``: the one-shape step (a CUDA graph on a GPU); None: the dynamic step.
+    """
+
+    max_batch_size: int = CPU_DEFAULTS.max_batch_size
+    schedule: SchedulerConfig | None = None
+    tune: bool = False
+    static: StaticStep | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+
+    @property
+    def slots(self) -> int:
+        """Sentences decoded side by side: the schedule's slots, else the batch size."""
+        return self.schedule.max_batch_sentences if self.schedule else self.max_batch_size
+
+    @property
+    def mode(self) -> str:
+        return self.schedule.policy.value if self.schedule else "batch"
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeConfig:
+    """Where and how the model runs: ``device`` auto | cpu | cuda | cuda:N (``workers/device.py``),
+    ``threads`` torch intra-op threads (0: the caller's choice), ``speedups`` the CPU rewrites."""
+
+    device: str = "cpu"
+    threads: int = 0
+    speedups: CpuSpeedups = EXACT
+
+    def __post_init__(self) -> None:
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0, got {self.threads}")
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeConfig:
+    """Everything that decides how a decoder decodes, built once (``jobs/`` or the caller) and passed down."""
+
+    search: SearchConfig = SearchConfig()
+    batching: BatchingConfig = BatchingConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    shortlist: ShortlistSource | None = None
+
+
+# The one table of defaults. The command line's streaming knobs (policy, epsilon, capacity unit,
+# flush) default to SCHEDULE's fields; ``--batching auto`` picks top-up, or batches with a
+# shortlist or the batch-size tuner (their candidate sets and sizes are per batch).
+DEFAULTS = DecodeConfig()
+SCHEDULE = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=CPU_DEFAULTS.max_batch_size,
+                           capacity=CPU_DEFAULTS.max_batch_size, refill_threshold=CPU_DEFAULTS.refill_threshold)
+SHORTLIST = ShortlistSource(path="")
+
