@@ -15,15 +15,26 @@ fuse the costliest chains (measured on 2 cores of an AVX512 VM, 160 rows unless 
   finished pools, stop test, reorder, readback) in one call instead of ~20-50 ATen calls (greedy too).
 
 The attention kernels sum in another order than MKL's batched GEMMs: float32 results equal to
-~1e-6, as the oneDNN layers are. The extension is compiled for the instruction set ATen itself
-dispatches to (``torch.backends.cpu.get_cpu_capability()``), with torch's own vector types and
-thread pool, and registered as torch operators (``torch.ops.raymt.*``, named in profiles), by
-``torch.utils.cpp_extension`` (g++ and ninja). Where it cannot be built, ``load`` says why once and
-returns None, and the decoder runs the ATen path.
+~1e-6, as the oneDNN layers are. The extension uses torch's own vector types and thread pool, is
+registered as torch operators (``torch.ops.raymt.*``, named in profiles) and is built by
+``torch.utils.cpp_extension`` (g++ and ninja) for the instruction set this process decodes with
+(``raymt.workers.isa``), with explicit flags (``MARCH_FLAGS``):
 
-No lock is shared between processes. The built library is cached as one file,
-``<TORCH_EXTENSIONS_DIR>/raymt/<name>-<key>.so``, its key a digest of the source, the flags and the
-torch / Python versions; a process that finds it loads it directly. A process that does not builds
+* ``x86-64-v4`` (AVX-512 F/BW/VL/DQ/CD) where ATen dispatches to AVX512;
+* ``x86-64-v3`` (AVX2, FMA, F16C, BMI) where it dispatches to AVX2 (AMD Zen 2/3, older Intel);
+* ``portable``: no ``-march`` (the compiler's baseline, ATen's scalar ``DEFAULT`` vector types)
+  elsewhere, aarch64 included, and as the fallback when the build above fails.
+
+``RAYMT_NATIVE_MARCH`` (``x86-64-v4``, ``x86-64-v3`` or ``portable``) forces one, never above what
+the CPU runs: ``RAYMT_NATIVE_MARCH=x86-64-v3`` with ``ATEN_CPU_CAPABILITY=avx2
+ONEDNN_MAX_CPU_ISA=AVX2`` emulates an AVX2-only CPU on an AVX-512 one. Where no build succeeds,
+``load`` says why once and returns None, and the decoder runs the ATen path; importing this module
+never builds anything.
+
+No lock is shared between processes. The built library is cached as one file per target,
+``<TORCH_EXTENSIONS_DIR>/raymt/raymt_ops_<target>-<key>.so``, its key a digest of the source, the
+flags and the torch / Python versions, so an AVX-512 build is never loaded on an AVX2 CPU sharing the
+cache; a process that finds it loads it directly. A process that does not builds
 in a private directory of its own and moves the library into place with one atomic rename, so a
 build killed at any point (a decoder actor SIGKILLed, the OOM killer) leaves only its own private
 directory behind, which nobody waits on; concurrent builders each finish and the last rename wins.
@@ -43,44 +54,78 @@ from types import ModuleType
 
 import torch
 
+from raymt.workers.isa import CpuIsa, detect
+
 logger = logging.getLogger(__name__)
 
 SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", name)
            for name in ("decode_ops.cpp", "beam_step.cpp", "small_linear.cpp")]
-ISA_FLAGS = {  # ATen's own per-capability compile flags (its CPU_CAPABILITY kernels)
-    "AVX512": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
-               "-mavx512dq", "-mfma"],
-    "AVX2": ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],
+MARCH_ENV = "RAYMT_NATIVE_MARCH"
+MARCH_FLAGS = {  # target -> compile flags; the CPU_CAPABILITY macros pick ATen's vector types as its kernels do
+    "x86-64-v4": ["-march=x86-64-v4", "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
+    "x86-64-v3": ["-march=x86-64-v3", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
+    "portable": ["-DCPU_CAPABILITY=DEFAULT"],
 }
+_TARGET_OF_LEVEL = {"avx512": "x86-64-v4", "avx2": "x86-64-v3", "portable": "portable"}
+_ORDER = ("portable", "x86-64-v3", "x86-64-v4")
 
 
 @functools.cache
 def load() -> ModuleType | None:
-    """The compiled operators (``torch.ops.raymt``), or None (with one warning saying why) where they cannot be built."""
-    try:
-        name, flags, path = _library()
-        if os.path.exists(path):
-            torch.ops.load_library(path)
-        else:
-            _build(name, flags, path)  # loads the library it builds
-        return torch.ops.raymt
-    except Exception as err:  # no compiler, no ninja, unwritable cache: the ATen path still decodes
-        logger.warning("native decode operators unavailable (%s: %s); decoding with ATen operators",
-                       type(err).__name__, str(err).splitlines()[0] if str(err) else "")
-        return None
+    """The compiled operators (``torch.ops.raymt``), or None (with one warning saying why) where they cannot be built.
+
+    Tries the machine's target, then the portable build; each cached apart."""
+    errors = []
+    for target in build_targets():
+        try:
+            _load_or_build(target)
+            return torch.ops.raymt
+        except Exception as err:  # no compiler, no ninja, unwritable cache, flags the compiler lacks
+            errors.append(f"{target}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+    logger.warning("native decode operators unavailable (%s); decoding with ATen operators", "; ".join(errors))
+    return None
 
 
-def _library() -> tuple[str, list[str], str]:
-    """(extension name, compile flags, cached library path) for this source, ISA, torch and Python."""
-    capability = torch.backends.cpu.get_cpu_capability()
-    flags = ["-O3", "-fopenmp", *ISA_FLAGS.get(capability, [])]
+def build_target(isa: CpuIsa | None = None, forced: str | None = None) -> str:
+    """The ``MARCH_FLAGS`` target for this CPU: its ISA level's, or ``RAYMT_NATIVE_MARCH`` where that
+    names one the CPU runs (one above it is ignored, with a warning: it would fault)."""
+    own = _TARGET_OF_LEVEL[(isa or detect()).level]
+    forced = os.environ.get(MARCH_ENV, "") if forced is None else forced
+    if not forced:
+        return own
+    if forced not in MARCH_FLAGS:
+        logger.warning("%s=%s: expected one of %s; building for %s", MARCH_ENV, forced, ", ".join(MARCH_FLAGS), own)
+        return own
+    if _ORDER.index(forced) > _ORDER.index(own):
+        logger.warning("%s=%s: this process decodes with %s; building for %s", MARCH_ENV, forced, own, own)
+        return own
+    return forced
+
+
+def build_targets() -> list[str]:
+    """The target, then the portable fallback."""
+    target = build_target()
+    return [target] if target == "portable" else [target, "portable"]
+
+
+def _load_or_build(target: str) -> None:
+    name, flags, path = _library(target)
+    if os.path.exists(path):
+        torch.ops.load_library(path)
+    else:
+        _build(name, flags, path)  # loads the library it builds
+
+
+def _library(target: str) -> tuple[str, list[str], str]:
+    """(extension name, compile flags, cached library path) for this source, target, torch and Python."""
+    flags = ["-O3", "-fopenmp", *MARCH_FLAGS[target]]
     texts = []
     for source in SOURCES:
         with open(source, "rb") as f:
             texts.append(f.read())
     key = hashlib.sha256(b"\0".join([*texts, " ".join(flags).encode(), torch.__version__.encode(),
                                       platform.python_version().encode()])).hexdigest()[:16]
-    name = f"raymt_decode_ops_{capability.lower()}"
+    name = "raymt_ops_" + target.replace("-", "_")
     return name, flags, os.path.join(_extensions_root(), "raymt", f"{name}-{key}.so")
 
 
@@ -92,8 +137,8 @@ def _build(name: str, flags: list[str], path: str) -> None:
     os.makedirs(folder, exist_ok=True)
     _remove_stale_builds(folder)
     private = tempfile.mkdtemp(prefix=f"{name}-build-", dir=folder)
-    logger.info("building the native decode operators into %s (once per machine and torch version, about a "
-                "minute)", folder)
+    logger.info("building the native decode operators (%s) into %s (once per machine and torch version, "
+                "about a minute)", " ".join(flags), folder)
     try:
         built = cpp_build(name, SOURCES, build_directory=private, verbose=False, is_python_module=False,
                           extra_cflags=flags, extra_ldflags=["-fopenmp"])

@@ -22,8 +22,10 @@
   int8 kernels and small ones FBGEMM's (``Int8Linear``): 1.2x on the base model at beam 5.
 * ``bf16``: bfloat16 weights and activations (the model cast once; oneDNN's bf16 GEMMs where
   ``onednn`` is on); log-softmax and scores stay float32. The alternative to ``int8`` (not both);
-  also the GPU path's dtype. Measured on this AVX512-BF16 CPU: ~1.2x over float32 at beam 5,
-  BLEU within noise (+0.04 on 320 Multi30k lines, 302/320 identical).
+  also the GPU path's dtype. Measured on an AVX512-BF16 CPU: ~1.2x over float32 at beam 5,
+  BLEU within noise (+0.04 on 320 Multi30k lines, 302/320 identical). On the CPU it needs oneDNN's
+  bf16 GEMMs (AVX512-BW/VL/DQ or AVX-NE-CONVERT, ``raymt.workers.isa``): elsewhere (AVX2-only
+  CPUs) ``apply_speedups`` refuses it with ``IsaUnsupported`` before touching the model.
 * ``fp16``: float16 weights and activations instead, for GPUs without bf16 (T4, V100); log-softmax
   and scores stay float32. It runs on the CPU too (ATen's kernels, no oneDNN packing), slowly:
   that is where CI tests it.
@@ -54,6 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from raymt.workers.isa import require_bf16
 from raymt.workers.model import MarianModel
 from raymt.workers.native import load as load_native
 from raymt.workers.step_ops import ATEN, NativeOps
@@ -333,6 +336,8 @@ def quantize_int8(model: MarianModel) -> None:
 
 def apply_speedups(model: MarianModel, opts: CpuSpeedups) -> MarianModel:
     """The inference-time rewrites ``opts`` asks for (call once, after loading the weights)."""
+    if opts.bf16 and next(model.parameters()).device.type == "cpu":
+        require_bf16()  # one line, before any rewrite: AVX2-only CPUs have no bf16 GEMMs
     model.eval()
     if opts.warm_heap and not warm_heap():
         logger.warning("this C library has no glibc mallopt: warm_heap speed-up skipped")

@@ -14,6 +14,7 @@ import sacrebleu
 import torch
 
 from raymt.workers.config import SearchConfig
+from raymt.workers.isa import IsaUnsupported, detect as detect_isa
 from raymt.workers.search import row_top_log_probs
 from raymt.workers.shortlist import LexicalTable, Shortlist
 from raymt.workers.speedups import EXACT, CpuSpeedups, Int8Linear, PackedLinear, amx_int8, onednn_available, small_work
@@ -21,6 +22,7 @@ from raymt.workers.translator import Translator
 from tests.pipeline.ray_helpers import clean_corpus
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear kernels")
+needs_bf16 = pytest.mark.skipif(not detect_isa().bf16, reason=f"no bf16 GEMMs on this CPU: {detect_isa().describe()}")
 
 
 def texts_of(translator: Translator, texts: list[str], cfg: SearchConfig, shortlist=None) -> list[str]:
@@ -195,6 +197,7 @@ def test_int8_linear_takes_the_amx_kernels_only_for_large_products() -> None:
 
 
 @needs_onednn
+@needs_bf16
 def test_bf16_translates_close_to_float32_with_and_without_a_shortlist(demo_model_dir) -> None:
     texts, cfg = clean_corpus(24), SearchConfig(beam_size=3)
     exact = Translator.load(str(demo_model_dir))
@@ -208,10 +211,19 @@ def test_bf16_translates_close_to_float32_with_and_without_a_shortlist(demo_mode
     assert sacrebleu.corpus_bleu(texts_of(bf16, texts, cfg, shortlist), [texts_of(exact, texts, cfg, shortlist)]).score > 60
     scores = bf16.score_ids(bf16.encode(texts[:2]), [[5, 6, 0]] * 2)
     assert all(len(s) == 3 and all(math.isfinite(x) for x in s) for s in scores)
+
+
+def test_precisions_are_alternatives() -> None:
     with pytest.raises(ValueError, match="alternatives"):
         CpuSpeedups(int8=True, bf16=True)
     with pytest.raises(ValueError, match="alternatives"):
         CpuSpeedups(bf16=True, fp16=True)
+
+
+@pytest.mark.skipif(detect_isa().bf16, reason="this CPU has bf16 GEMMs (the refusal is tested under AVX2 emulation)")
+def test_bf16_is_refused_before_loading_where_the_cpu_has_no_bf16_gemms(demo_model_dir) -> None:
+    with pytest.raises(IsaUnsupported, match="--bf16 needs a CPU with bfloat16 GEMMs"):
+        Translator.load(str(demo_model_dir), speedups=replace(EXACT, bf16=True))
 
 
 def test_fp16_translates_close_to_float32_with_float32_scores(demo_model_dir) -> None:
