@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING
 from raymt.pipeline.actors import DecoderActor, EncoderWorker, unit_to_row
 from raymt.pipeline.dispatch import Pool, Verdict
 from raymt.pipeline.errors import stopping_cause
+from raymt.pipeline.settings import PipelineConfig, PipelineResult
 from raymt.pipeline.timeline import Board, Progress
 from raymt.pipeline.units import WorkUnit
 from raymt.workers.device import DeviceUnavailable
 
 if TYPE_CHECKING:
     from raymt.pipeline.ledger import Lease
-    from raymt.pipeline.run import PipelineConfig, PipelineResult
     from raymt.pipeline.sink import OutputStore
 
 logger = logging.getLogger(__name__)

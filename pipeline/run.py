@@ -24,13 +24,12 @@ import math
 import os
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from typing import Callable
 
 import pyarrow as pa
 
-from raymt.pipeline.actors import DecoderSettings, DecoderWorker
-from raymt.pipeline.dispatch import Health
+from raymt.pipeline.actors import DecoderWorker
 from raymt.pipeline.driver import DecodersUnavailable, Driver, check_placeable
 from raymt.pipeline.errors import JobStopped, stop_for, stopping_cause
 from raymt.pipeline.evaluate import EvalStats, Scores, score
@@ -38,10 +37,10 @@ from raymt.pipeline.guards import check_output, check_writable
 from raymt.pipeline.lease import Lease, LeaseLost
 from raymt.pipeline.ledger import PlanMismatch, PlanRecord, file_version, model_files
 from raymt.pipeline.model_check import check_model
-from raymt.pipeline.records import UnitStats
+from raymt.pipeline.settings import PipelineConfig, PipelineResult
 from raymt.pipeline.sink import OutputStore, assemble, output_table
 from raymt.pipeline.timeline import Progress
-from raymt.pipeline.units import Columns, Plan, WorkUnit, auto_unit_rows, plan_units
+from raymt.pipeline.units import Plan, WorkUnit, auto_unit_rows, plan_units
 from raymt.workers.device import on_gpu
 
 __all__ = ["DecodersUnavailable", "check_placeable", "JobStopped", "PipelineConfig", "PipelineResult", "PlanMismatch",
@@ -49,54 +48,6 @@ __all__ = ["DecodersUnavailable", "check_placeable", "JobStopped", "PipelineConf
 logger = logging.getLogger(__name__)
 _AWS_VARS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
              "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION")
-
-
-@dataclass(frozen=True, slots=True)
-class PipelineConfig:
-    input: str
-    columns: Columns
-    decoder: DecoderSettings  # threads 0: 2 per decoder actor on Ray, every core in-process
-    unit_rows: int | None = None  # None: the output's plan's when resuming, else ``auto_unit_rows`` (CPU 2500)
-    decoders: int | tuple[int, int] = 0  # 0: as many as the cluster's CPUs (or GPUs) allow; (min, max): autoscale
-    encoders: int = 1  # 0: decoder actors tokenise their units themselves
-    cpus_per_decoder: float = 0.0  # 0: the decoder's thread count
-    gpus_per_decoder: float = 0.0
-    encoder_cpus: float = 0.0  # encoders only tokenise: they share the decoders' cores by default
-    skip_corrupt: bool = False
-    max_attempts: int = 3  # a unit that fails this often (its actor died, or it raised) is reported failed
-    progress_every_s: float = 10.0
-    restart: bool = False  # discard an output started by another plan instead of refusing
-    local_rows: int = 1000  # no cluster address and at most this many rows: decode in this process (0: never)
-    in_process: bool = False  # always decode in this process (no Ray)
-    health: Health = field(default_factory=Health)
-    assemble_to: str | None = None  # one file assembled from the parts, under the lease, before it is released
-    lease_ttl_s: float = 60.0  # how long a paused or cut-off job keeps the output before another may take it
-
-
-@dataclass
-class PipelineResult:
-    units: int
-    skipped_units: int  # already committed by an earlier run
-    rows: int
-    target_tokens: int = 0
-    seconds: float = 0.0
-    scores: Scores | None = None
-    stats: list[UnitStats] = field(default_factory=list)  # this run's units
-    skipped_files: tuple = ()
-    failed: dict[str, str] = field(default_factory=dict)  # unit -> reason, after max_attempts
-    lost: set[str] = field(default_factory=set)  # failed units whose last attempt died with its actor
-    unreadable: dict[str, str] = field(default_factory=dict)  # failed units written as rows saying so (skip_corrupt)
-    statuses: dict[str, int] = field(default_factory=dict)  # rows of the whole output by status (ok, empty, ...)
-    where: str = "ray"  # "ray", "in-process" (a small job) or "nothing to do"
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.target_tokens / max(self.seconds, 1e-9)
-
-    @property
-    def decode_tokens_per_second(self) -> float:
-        """Target tokens per second of decoding, per decoder (this run's units)."""
-        return self.target_tokens / max(sum(r.decode_s for r in self.stats), 1e-9)
 
 
 def init_ray(**kwargs) -> None:

@@ -1,11 +1,17 @@
-"""What a decoder actor is built from: ``DecoderSettings`` (the model, where it commits, one
-``DecodeConfig`` for how it decodes, the job's hold on the output) and ``PartColumns`` (what each
-committed part carries besides the translations)."""
+"""What a job is built from and gives back, shared by the job's runner (``pipeline/run.py``) and its
+driver (``pipeline/driver.py``): ``PipelineConfig`` and ``PipelineResult``; ``DecoderSettings``
+(what a decoder actor is built from: the model, where it commits, one ``DecodeConfig`` for how it
+decodes, the job's hold on the output) and ``PartColumns`` (what each committed part carries
+besides the translations)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from raymt.pipeline.dispatch import Health
+from raymt.pipeline.evaluate import Scores
 from raymt.pipeline.lease import Fence
+from raymt.pipeline.records import UnitStats
+from raymt.pipeline.units import Columns
 from raymt.workers.config import SearchConfig
 from raymt.workers.decode_config import SHORTLIST, DecodeConfig
 from raymt.workers.scheduler import SchedulerConfig
@@ -94,3 +100,51 @@ class DecoderSettings:
     @property
     def keep_reference(self) -> bool:
         return self.parts.keep_reference
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    input: str
+    columns: Columns
+    decoder: DecoderSettings  # threads 0: 2 per decoder actor on Ray, every core in-process
+    unit_rows: int | None = None  # None: the output's plan's when resuming, else ``auto_unit_rows`` (CPU 2500)
+    decoders: int | tuple[int, int] = 0  # 0: as many as the cluster's CPUs (or GPUs) allow; (min, max): autoscale
+    encoders: int = 1  # 0: decoder actors tokenise their units themselves
+    cpus_per_decoder: float = 0.0  # 0: the decoder's thread count
+    gpus_per_decoder: float = 0.0
+    encoder_cpus: float = 0.0  # encoders only tokenise: they share the decoders' cores by default
+    skip_corrupt: bool = False
+    max_attempts: int = 3  # a unit that fails this often (its actor died, or it raised) is reported failed
+    progress_every_s: float = 10.0
+    restart: bool = False  # discard an output started by another plan instead of refusing
+    local_rows: int = 1000  # no cluster address and at most this many rows: decode in this process (0: never)
+    in_process: bool = False  # always decode in this process (no Ray)
+    health: Health = field(default_factory=Health)
+    assemble_to: str | None = None  # one file assembled from the parts, under the lease, before it is released
+    lease_ttl_s: float = 60.0  # how long a paused or cut-off job keeps the output before another may take it
+
+
+@dataclass
+class PipelineResult:
+    units: int
+    skipped_units: int  # already committed by an earlier run
+    rows: int
+    target_tokens: int = 0
+    seconds: float = 0.0
+    scores: Scores | None = None
+    stats: list[UnitStats] = field(default_factory=list)  # this run's units
+    skipped_files: tuple = ()
+    failed: dict[str, str] = field(default_factory=dict)  # unit -> reason, after max_attempts
+    lost: set[str] = field(default_factory=set)  # failed units whose last attempt died with its actor
+    unreadable: dict[str, str] = field(default_factory=dict)  # failed units written as rows saying so (skip_corrupt)
+    statuses: dict[str, int] = field(default_factory=dict)  # rows of the whole output by status (ok, empty, ...)
+    where: str = "ray"  # "ray", "in-process" (a small job) or "nothing to do"
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.target_tokens / max(self.seconds, 1e-9)
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Target tokens per second of decoding, per decoder (this run's units)."""
+        return self.target_tokens / max(sum(r.decode_s for r in self.stats), 1e-9)
