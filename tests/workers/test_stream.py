@@ -153,18 +153,18 @@ def test_the_static_step_decodes_as_the_dynamic_one(model, sources, policy, unit
                             epsilon=1 / 3, flush_every=5)
     pruned = replace(SEARCH, pruning=PruningConfig(rp=0.6))
     for cfg in (SEARCH, pruned, replace(SEARCH, beam_size=1, num_hypotheses=1)):
-        engine = Engine(model, cfg, replace(sched, beam_size=cfg.beam_size))
+        engine = Engine(model, cfg, sched)
         dynamic = engine.decode(sources)
-        static = Engine(model, cfg, replace(sched, beam_size=cfg.beam_size), static=StaticStep())
+        static = Engine(model, cfg, sched, static=StaticStep())
         assert same(static.decode(sources), dynamic)
         assert static.stats.syncs == static.stats.steps + cfg.pruning.active
         assert static.stats.pruned == engine.stats.pruned  # (slots not planned discard nothing that counts)
-        deferred = Engine(model, cfg, replace(sched, beam_size=cfg.beam_size), static=StaticStep(readback_every=3))
+        deferred = Engine(model, cfg, sched, static=StaticStep(readback_every=3))
         assert same(deferred.decode(sources), dynamic)
         reads = deferred.stats.syncs - cfg.pruning.active
         assert abs(reads - deferred.stats.steps / 3) <= 2  # (earlier only when no sentence can run)
         for every in (1, 3):  # each readback read one step late, after the next step is queued
-            late = Engine(model, cfg, replace(sched, beam_size=cfg.beam_size),
+            late = Engine(model, cfg, sched,
                           static=StaticStep(readback_every=every, late=True))
             assert same(late.decode(sources), dynamic)
             assert late.stats.pruned == engine.stats.pruned
