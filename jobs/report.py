@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 
-from raymt.pipeline.extras import MissingExtra
+from raymt.pipeline.extras import MissingExtra, require
 from raymt.pipeline.sink import OutputStore
 from raymt.pipeline.stats_report import render, summary
 
 
 def report(output: str, out: str | None = None, title: str | None = None) -> tuple[str, str]:
+    require("matplotlib", "plots", "the stats report")  # before any reading
     stats = OutputStore(output).read_stats()
     if stats is None:
         raise SystemExit(f"error: no stats under {output}/_stats (has any unit been committed?)")

@@ -69,3 +69,9 @@ def test_translate_report_without_matplotlib_stops_before_the_job(demo_model_dir
     assert done.stderr.strip().splitlines()[-1] == \
         "error: the stats report (--report) needs matplotlib: pip install 'raymt[plots]'"
     assert not out.exists()
+
+
+def test_report_without_matplotlib_is_one_line(tmp_path):
+    done = run_without(["matplotlib"], "raymt.jobs.report", str(tmp_path / "out"))
+    assert done.returncode == 1
+    assert done.stderr.strip() == "error: the stats report needs matplotlib: pip install 'raymt[plots]'"
