@@ -6,7 +6,7 @@ Builds a text corpus of ``--lines`` lines from the WMT22 source (``../shared/dat
 2,500-row units and reads the middle unit, then commits ``--parts`` synthetic parts of ``--rows``
 rows and assembles them into one ``.txt`` file. Prints seconds and peak memory of each step (Python
 heap by tracemalloc; Arrow's pool for the assembly; the process's max RSS at the end). Run it at
-another commit to compare (before session 16: a unit read the whole file; the assembly held it all).
+another commit to compare.
 """
 from __future__ import annotations
 

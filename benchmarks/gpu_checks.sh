@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Everything issue 16 measures, on a lent GPU machine (torch, transformers, sentencepiece,
-# safetensors, sacrebleu, pyarrow, triton; no Ray, no CTranslate2), in three device calls that
-# each fit the tool's 10 minutes (the session has 30 minutes of device time, each call ~1-2 to start):
-#   device run, carry ["data-gpu"]:  bash benchmarks/gpu_checks.sh 1   # tests, the product, ours vs HF, kernels
-#                                    bash benchmarks/gpu_checks.sh 2   # the seeds' tables (batching, top-up, search)
+# The GPU checks and benchmarks, on a GPU machine that has only torch, transformers, sentencepiece,
+# safetensors, sacrebleu, pyarrow and triton (no Ray, no CTranslate2), in three parts of under 10
+# minutes each, with data-gpu/ copied beside the checkout (benchmarks/gpu_prepare.sh):
+#                                    bash benchmarks/gpu_checks.sh 1   # tests, the product, ours vs HF, kernels
+#                                    bash benchmarks/gpu_checks.sh 2   # the papers' tables (batching, top-up, search)
 #                                    bash benchmarks/gpu_checks.sh 3   # bf16, WMT22, the synthetic base model
 # Writes full logs and the reports under $OUT (or out-gpu/); every bench_gpu report is written table
 # by table, so a call cut short keeps what it finished. Prints the short tables last.
-# SMOKE=1 DEVICE=cpu runs every stage here, tiny, without the GPU tests (tests/jobs/test_gpu_checks.py,
-# marked slow): the runbook's commands and arguments checked before a lent GPU's minutes are spent.
+# SMOKE=1 DEVICE=cpu runs every stage on the CPU, tiny, without the GPU tests
+# (tests/benchmarks/test_gpu_checks.py, marked slow): the commands and arguments checked first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:-1}

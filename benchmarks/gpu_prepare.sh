@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Prepare what a lent GPU machine needs, here (it has no ../shared, no eflomal, no package index):
-#   bash benchmarks/gpu_prepare.sh            -> data-gpu/ (git-ignored; name it in the device tool's carry)
+# Prepare, on a machine with ../shared and eflomal, what a GPU machine without them needs:
+#   bash benchmarks/gpu_prepare.sh            -> data-gpu/ (git-ignored; copy it to the GPU machine)
 # Copies the test sets bench_gpu and the -m gpu tests read, and builds the word-alignment
 # shortlist (Multi30k train, eflomal) that bench_gpu's shortlist x pruning table uses.
 set -euo pipefail

@@ -1,4 +1,4 @@
-"""Search benchmarks in the shape of the seed papers' tables, on one model and one input.
+"""Search benchmarks in the shape of the papers' tables, on one model and one input.
 
 * Freitag & Al-Onaizan (2017) Table 1: per beam size, no pruning, each heuristic alone, all
   combined -> BLEU, speed-up, avg fan-out per step, total fan-out per sentence, search errors.

@@ -1,4 +1,4 @@
-"""Where a decoding run's time goes, by phase (the seed papers' time-breakdown tables).
+"""Where a decoding run's time goes, by phase (the time-breakdown tables of the batching and search papers).
 
 The decoder marks its phases with ``torch.profiler.record_function`` scopes: ``encoder`` (encoder
 and cross-attention K/V), ``decoder layers`` and ``output layer`` (inside each step),

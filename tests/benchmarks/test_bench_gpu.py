@@ -1,4 +1,4 @@
-"""Smoke version of the GPU benchmark, on the CPU (the full one runs on a lent GPU:
+"""Smoke version of the GPU benchmark, on the CPU (the full one runs on a GPU:
 `python -m benchmarks.bench_gpu`; see its docstring)."""
 from __future__ import annotations
 

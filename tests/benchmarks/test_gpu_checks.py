@@ -1,7 +1,7 @@
 """The GPU runbook (``benchmarks/gpu_checks.sh``) run here, tiny and on the CPU (``SMOKE=1 DEVICE=cpu``):
-every stage's commands and arguments, checked before a lent GPU's minutes are spent on them. Slow
+every stage's commands and arguments, checked before they run on a GPU. Slow
 (about two minutes: it builds ``data-gpu/`` with eflomal and runs the benchmark three times), so
-CI skips it; run it with ``python -m pytest -m slow tests/jobs/test_gpu_checks.py`` before a GPU call."""
+CI skips it; run it with ``python -m pytest -m slow tests/benchmarks/test_gpu_checks.py`` before a GPU run."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,5 @@
-"""GPU decoder actors on a local Ray cluster that declares a GPU (the lent GPU machines have no Ray,
-this machine has no CUDA): each actor gets the GPU Ray assigns it and decodes there, and where torch
+"""GPU decoder actors on a local Ray cluster that declares a GPU (runs without CUDA: the cluster
+only declares the GPU): each actor gets the GPU Ray assigns it and decodes there, and where torch
 cannot see that GPU the job fails at once with a clear error, never decoding on the CPU instead."""
 from __future__ import annotations
 
