@@ -220,10 +220,10 @@ class DecoderWorker:
             batch_size=tr.tuner.size if tr.tuner else capacity,
             pruned_fraction=st.pruned / max(st.pruned + st.row_steps, 1),
             shortlist_size=sum(sizes) / len(sizes) if sizes else 0.0,
-            statuses=json.dumps(statuses), batch_histogram=json.dumps(dict(sorted(st.batch_sizes.items()))),
+            statuses=statuses, batch_histogram=dict(sorted(st.batch_sizes.items())),
             bleu_stats=list(evaluation.bleu) if evaluation else None,
             chrf_stats=list(evaluation.chrf) if evaluation else None,
-            slices=json.dumps([x.to_dict() for x in self.sampler.take(since=started)]))
+            slices=tuple(self.sampler.take(since=started)))
 
 
 def decoded_table(enc: EncodedUnit, hyps: list[list[Hypothesis]], tokenizer, signature: str) -> tuple[pa.Table, list[str]]:

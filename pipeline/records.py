@@ -1,15 +1,20 @@
-"""What crosses actor boundaries, as dataclasses: the encoded unit (encoder -> decoder) and a
-unit's stats (decoder -> driver -> ``_stats/`` Parquet -> reports).
+"""What crosses actor boundaries or lands on disk, as frozen dataclasses: the encoded unit (encoder
+-> decoder), a unit's stats (decoder -> driver -> ``_stats/`` Parquet -> reports), a unit's commit
+marker (``_manifest/<unit>-<plan>.json``) and the job's summary (``_SUCCESS``).
 
 An ``EncodedUnit`` travels through Ray Data as one Arrow row (``to_row`` / ``from_row``: the work
 unit and the ids as JSON, so an id column of any type and a unit of any shape fit one schema).
-``UnitStats`` is stored as one Parquet row (``to_row``); the reports read those rows back as dicts.
+``UnitStats`` holds typed fields; it is serialised only at the Arrow boundary (``to_row``: its
+mappings and slices as JSON text, one Parquet row; ``from_row`` reads one back). Markers and the
+summary are JSON files (``to_json`` / ``from_json``); ``from_json`` reads what earlier versions
+wrote too: a field they lacked takes its default, a key it does not know is ignored.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
+from raymt.pipeline.timeline import Slice
 from raymt.pipeline.units import WorkUnit
 
 
@@ -61,11 +66,78 @@ class UnitStats:
     batch_size: int
     pruned_fraction: float
     shortlist_size: float
-    statuses: str  # JSON: rows per status
-    batch_histogram: str  # JSON: steps per actual batch size
+    statuses: dict[str, int]  # rows per status (ok, empty, split, ...)
+    batch_histogram: dict[int, int]  # steps per actual batch size
     bleu_stats: list | None
     chrf_stats: list | None
-    slices: str  # JSON: the unit's time slices (pipeline/timeline.py)
+    slices: tuple[Slice, ...]  # the unit's time slices (pipeline/timeline.py)
 
     def to_row(self) -> dict:
-        return asdict(self)
+        """One Parquet row: the mappings and slices as JSON text (the ``_stats/`` files' format)."""
+        row = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**row, "statuses": json.dumps(self.statuses),
+                "batch_histogram": json.dumps(dict(sorted(self.batch_histogram.items()))),
+                "slices": json.dumps([s.to_dict() for s in self.slices])}
+
+    @classmethod
+    def from_row(cls, row: dict) -> UnitStats:
+        values = {f.name: row.get(f.name) for f in fields(cls)}
+        slices = tuple(Slice(**{k: v for k, v in s.items() if k != "tokens_per_s"})
+                       for s in json.loads(row.get("slices") or "[]"))
+        return cls(**{**values, "statuses": json.loads(row.get("statuses") or "{}"),
+                      "batch_histogram": {int(k): v for k, v in json.loads(row.get("batch_histogram") or "{}").items()},
+                      "slices": slices})
+
+
+def _known(cls: type, data: bytes | str) -> dict:
+    """A JSON object's keys that are ``cls``'s fields (an earlier or later version's extras dropped)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in json.loads(data).items() if k in names}
+
+
+@dataclass(frozen=True, slots=True)
+class UnitMarker:
+    """A unit's commit marker, ``_manifest/<unit>-<plan>.json``: written only after its part (and
+    stats) are complete, so a unit with a marker is committed; a rerun skips it."""
+
+    unit: str
+    rows: int = 0  # rows in its part
+    statuses: dict[str, int] = field(default_factory=dict)  # its rows per status (summed into _SUCCESS)
+    actor: str = ""  # host:pid of the decoder that committed it ("driver": an unreadable unit written as such)
+    signature: str = ""
+    plan: str = ""  # the plan digest (pipeline/ledger.py) it was decoded under
+    unreadable: str | None = None  # why its rows could not be read (--skip-corrupt)
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        if d["unreadable"] is None:
+            del d["unreadable"]
+        return json.dumps(d).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> UnitMarker:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """The output's ``_SUCCESS``: written once every planned row is in a committed part."""
+
+    units: int
+    rows: int
+    skipped_units: int = 0  # committed by an earlier run (resumed)
+    skipped_files: tuple[tuple[str, str], ...] = ()  # (path, reason) of corrupt input files skipped
+    unreadable_units: dict[str, str] = field(default_factory=dict)  # unit -> why its rows were unreadable
+    rows_by_status: dict[str, int] = field(default_factory=dict)
+    signature: str = ""
+    plan: str = ""
+    lease_generation: int | None = None
+    scores: str | None = None  # BLEU and chrF with their signatures (--evaluate)
+
+    def to_json(self) -> bytes:
+        return json.dumps({**asdict(self), "skipped_files": [list(x) for x in self.skipped_files]}, indent=1).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> JobSummary:
+        d = _known(cls, data)
+        return cls(**{**d, "skipped_files": tuple(tuple(x) for x in d.get("skipped_files", ()))})

@@ -37,6 +37,7 @@ from raymt.pipeline.guards import check_output, check_writable
 from raymt.pipeline.lease import Lease, LeaseLost
 from raymt.pipeline.ledger import PlanMismatch, PlanRecord, file_version, model_files
 from raymt.pipeline.model_check import check_model
+from raymt.pipeline.records import JobSummary, UnitMarker
 from raymt.pipeline.settings import PipelineConfig, PipelineResult
 from raymt.pipeline.sink import OutputStore, assemble, output_table
 from raymt.pipeline.timeline import Progress
@@ -172,13 +173,13 @@ def _run(cfg: PipelineConfig, plan: Plan, store: OutputStore, lease: Lease) -> P
         unreadable = {name: reason for name, reason in result.failed.items() if name not in result.lost}
         for name, reason in unreadable.items():
             store.commit(name, _unreadable_part(units[name], reason, cfg.decoder.signature), None,
-                         {"unit": name, "actor": "driver", "unreadable": reason, "signature": cfg.decoder.signature})
+                         UnitMarker(name, actor="driver", unreadable=reason, signature=cfg.decoder.signature))
         result.unreadable = unreadable
         result.failed = {name: reason for name, reason in result.failed.items() if name not in unreadable}
     if result.failed:
         raise UnitsFailed(result.failed, result.lost)
-    markers = store.manifests()
-    present = sum(int(m.get("rows", 0)) for m in markers)
+    markers = store.markers()
+    present = sum(m.rows for m in markers)
     if present != plan.rows:  # never a _SUCCESS over missing rows
         raise RuntimeError(f"{store.url}: committed parts hold {present} rows, the plan has {plan.rows}; not marking "
                            f"success (rerun to retry, or --restart to start afresh)")
@@ -190,14 +191,13 @@ def _run(cfg: PipelineConfig, plan: Plan, store: OutputStore, lease: Lease) -> P
     if pruned := store.prune():
         logger.warning("removed %d file(s) of another plan (late commits of a killed job)", pruned)
     result.scores = _evaluate(store) if cfg.decoder.evaluate else None
-    unreadable = {m["unit"]: m["unreadable"] for m in markers if m.get("unreadable")}  # this run's and earlier ones
-    result.statuses = dict(sum((Counter(m.get("statuses", {})) for m in markers), Counter()))
-    store.write_success({"units": result.units, "rows": present, "skipped_units": result.skipped_units,
-                         "skipped_files": [list(x) for x in plan.skipped_files], "unreadable_units": unreadable,
-                         "rows_by_status": result.statuses,
-                         "signature": cfg.decoder.signature, "plan": cfg.decoder.plan,
-                         "lease_generation": lease.generation,
-                         "scores": str(result.scores) if result.scores else None})
+    unreadable = {m.unit: m.unreadable for m in markers if m.unreadable}  # this run's and earlier ones
+    result.statuses = dict(sum((Counter(m.statuses) for m in markers), Counter()))
+    store.write_success(JobSummary(
+        units=result.units, rows=present, skipped_units=result.skipped_units,
+        skipped_files=tuple(tuple(x) for x in plan.skipped_files), unreadable_units=unreadable,
+        rows_by_status=result.statuses, signature=cfg.decoder.signature, plan=cfg.decoder.plan or "",
+        lease_generation=lease.generation, scores=str(result.scores) if result.scores else None))
     return result
 
 

@@ -24,8 +24,9 @@ e.g. distillation's, kept after them), so parts from different files always conc
 from __future__ import annotations
 
 import contextlib
-import json
 from collections import Counter
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Iterator
 
 import fsspec
@@ -35,6 +36,7 @@ import pyarrow.parquet as pq
 from raymt.pipeline.errors import stop_for
 from raymt.pipeline.lease import LEASE, LOCK, Fence
 from raymt.pipeline.ledger import PLAN, PlanRecord
+from raymt.pipeline.records import JobSummary, UnitMarker
 from raymt.pipeline.storage import open_whole, put_whole, retrying, storage_options
 
 OUTPUT_SCHEMA = pa.schema([
@@ -91,16 +93,18 @@ class OutputStore:
         end = f"{self.tag}.json"
         return {p.rsplit("/", 1)[-1][: -len(end)] for p in self.fs.ls(folder, detail=False) if p.endswith(end)}
 
-    def commit(self, unit: str, table: pa.Table, stats: pa.Table | None, manifest: dict) -> None:
-        """Write the unit's part (and stats), then its marker; idempotent for a retried unit."""
+    def commit(self, unit: str, table: pa.Table, stats: pa.Table | None, marker: UnitMarker | Mapping) -> None:
+        """Write the unit's part (and stats), then its marker; idempotent for a retried unit. The
+        marker's rows, statuses and plan are the part's and this store's (a mapping: its fields)."""
         table = conform(table)
         self._put(self._path(f"part-{unit}{self.tag}.parquet"), _parquet(table))
         if stats is not None:
             self._put(self._path("_stats", f"{unit}{self.tag}.parquet"), _parquet(stats))
+        if not isinstance(marker, UnitMarker):
+            marker = UnitMarker(**{"unit": unit, **marker})
         statuses = dict(Counter(table.column("status").to_pylist()))  # ok, empty, split, ...: summed at the end
-        self._put(self._path("_manifest", f"{unit}{self.tag}.json"),
-                  json.dumps({**manifest, "rows": table.num_rows, "statuses": statuses,
-                              "plan": self._plan or ""}).encode())
+        marker = replace(marker, rows=table.num_rows, statuses=statuses, plan=self._plan or "")
+        self._put(self._path("_manifest", f"{unit}{self.tag}.json"), marker.to_json())
 
     def prune(self) -> int:
         """Remove parts, stats and markers of other plans (a killed job's late commits); how many."""
@@ -153,9 +157,10 @@ class OutputStore:
                     or name.endswith(".tmp") and name not in (LEASE, LOCK):
                 self._rm(p)
 
-    def manifests(self) -> list[dict]:
-        return [json.loads(data) for data in self._cat([self._path("_manifest", f"{u}{self.tag}.json")
-                                                        for u in sorted(self.committed())])]
+    def markers(self) -> list[UnitMarker]:
+        """The committed units' markers, by unit name (markers of earlier versions read too)."""
+        return [UnitMarker.from_json(data) for data in self._cat([self._path("_manifest", f"{u}{self.tag}.json")
+                                                                  for u in sorted(self.committed())])]
 
     def _cat(self, paths: list[str], batch: int = 1000) -> Iterator[bytes]:
         """The files' bytes, in order; fetched ``batch`` at a time, concurrently on object stores (one
@@ -206,8 +211,14 @@ class OutputStore:
         with self.fs.open(path, "rb") as f:
             return pq.read_table(f, columns=columns)
 
-    def write_success(self, summary: dict) -> None:
-        self._put(self._path("_SUCCESS"), json.dumps(summary, indent=1).encode())
+    def write_success(self, summary: JobSummary) -> None:
+        self._put(self._path("_SUCCESS"), summary.to_json())
+
+    def read_success(self) -> JobSummary | None:
+        """The job's summary once it has completed (``_SUCCESS``), else None."""
+        path = self._path("_SUCCESS")
+        self.fs.invalidate_cache(path)
+        return JobSummary.from_json(self.fs.cat_file(path)) if self.fs.exists(path) else None
 
 
 def output_table(ids: list[str | None], rows: list[int], sources: list, translations: list[str], scores: list[float],

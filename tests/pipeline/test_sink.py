@@ -108,3 +108,34 @@ def test_an_assembly_that_fails_part_way_leaves_no_file_or_the_old_one_whole(tmp
     with fsspec.open(f"{root}/all.txt", "rb", **storage_options(root)) as f:
         assert f.read().count(b"\n") == 7  # the earlier file, whole
     assert [p for p in fs.ls(root, detail=False) if p.endswith(".tmp")] == []
+
+
+def test_a_rerun_resumes_an_output_whose_marker_and_success_the_previous_version_wrote(demo_model_dir, tmp_path,
+                                                                                        capsys) -> None:
+    """Markers and _SUCCESS are typed records now; the files an earlier version wrote (plain JSON
+    objects, an older marker without statuses) still resume: the committed unit is skipped."""
+    import json
+
+    from raymt.jobs.translate import main
+    src, out = tmp_path / "in.txt", tmp_path / "out"
+    src.write_text("Ein Hund.\nZwei Männer.\nEine Frau liest.\nKinder spielen.\n", encoding="utf-8")
+    argv = ["--in-process", "--threads", "1", "--beam-size", "1", "--unit-rows", "2", "--model", str(demo_model_dir),
+            "--input", str(src), "--output", str(out) + "/"]
+    main(argv)
+    first = OutputStore(str(out)).read().column("translation").to_pylist()
+    markers = sorted((out / "_manifest").glob("*.json"))
+    assert len(markers) == 2
+    old = json.loads(markers[0].read_text())  # as the previous version wrote it: a plain object, no typed fields
+    markers[0].write_text(json.dumps({"unit": old["unit"], "rows": old["rows"], "actor": old["actor"],
+                                      "signature": old["signature"], "plan": old["plan"]}))  # older: no statuses
+    markers[1].unlink()  # the second unit is not committed: the rerun decodes it
+    (out / "_SUCCESS").write_text(json.dumps({"units": 2, "rows": 4, "skipped_units": 0, "skipped_files": [],
+                                              "unreadable_units": {}, "rows_by_status": {"ok": 4}, "signature": "s",
+                                              "plan": old["plan"], "lease_generation": 1, "scores": None}, indent=1))
+    assert OutputStore(str(out)).read_success().rows == 4
+    capsys.readouterr()
+    main(argv)
+    assert "(1 already committed)" in capsys.readouterr().out
+    store = OutputStore(str(out))
+    assert store.read().column("translation").to_pylist() == first
+    assert [m.rows for m in store.markers()] == [2, 2] and store.read_success().skipped_units == 1
