@@ -1,7 +1,7 @@
 """Batching benchmark: VAR-STREAM paper Tables 1/4 and the top-up paper's comparison, on our model.
 
     python -m benchmarks.bench_batching --lines 400 --beams 5,50 --wide-beam-lines 100 \
-        --out docs/results/batching-wmt22-400                                                   # full (~15 min, 2 cores)
+        --out docs/results/batching-wmt22-400                                           # full (~15 min, 2 cores)
     python -m benchmarks.bench_batching --lines 48 --beams 4 --repeats 1 --out /tmp/batching      # smoke
 
 Input: WMT22 de-en (long-tailed lengths), sorted by length (bucketed, as the paper does) and
