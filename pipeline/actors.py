@@ -28,7 +28,7 @@ from raymt.pipeline.records import EncodedUnit, UnitStats
 from raymt.pipeline.settings import DecoderSettings, PartColumns  # noqa: F401  (PartColumns: re-exported)
 from raymt.pipeline.sink import OUTPUT_SCHEMA, OutputStore, output_table
 from raymt.pipeline.storage import model_reader
-from raymt.pipeline.timeline import Counters, Sampler, Slice
+from raymt.pipeline.timeline import Counters, Sampler, Slice, Snapshot
 from raymt.pipeline.units import Columns, WorkUnit, read_unit
 from raymt.workers.checkpoint import load_tokenizer
 from raymt.workers.device import DeviceUnavailable, resolve_device
@@ -100,7 +100,7 @@ class DecoderWorker:
     on Ray, to a progress printer in-process)."""
 
     def __init__(self, settings: DecoderSettings, columns: Columns, name: str = "",
-                 report: Callable[[str, dict], None] | None = None) -> None:
+                 report: Callable[[str, Snapshot], None] | None = None) -> None:
         self.settings = settings
         device = _device(settings.device)
         self.translator = Translator.load(model_reader(settings.model), threads=settings.threads,
@@ -147,10 +147,10 @@ class DecoderWorker:
         if self.report is not None:
             unit = dict(self.unit)
             total = self._counters()
-            self.report(self.name, {"time": s.end, "tokens": total.tokens, "tokens_per_s": s.tokens_per_s,
-                                    "unit": unit.get("name"), "unit_rows": unit.get("rows", 0),
-                                    "unit_source_tokens": unit.get("source_tokens", 0),
-                                    "unit_tokens": total.tokens - unit.get("start_tokens", total.tokens)})
+            self.report(self.name, Snapshot(time=s.end, tokens=total.tokens, tokens_per_s=s.tokens_per_s,
+                                            unit=unit.get("name"), unit_rows=unit.get("rows", 0),
+                                            unit_source_tokens=unit.get("source_tokens", 0),
+                                            unit_tokens=total.tokens - unit.get("start_tokens", total.tokens)))
 
     def decode(self, item: pa.Table | list[WorkUnit]) -> list[UnitStats]:
         """An encoder's output block, or units to read and tokenise here -> each unit's stats."""

@@ -268,7 +268,7 @@ class Driver:
         wall = time.time()
         for actor, r in reports.items():
             if actor in self.pool.ready:  # a slice is a sign of life (stall detection)
-                self.pool.last_alive[actor] = max(self.pool.last_alive.get(actor, now), now - (wall - r["time"]))
+                self.pool.last_alive[actor] = max(self.pool.last_alive.get(actor, now), now - (wall - r.time))
             self.progress.report(actor, r)
         line = self.progress.line(time.perf_counter() - self.start, len(self.todo))
         print(f"{line}  decoders {len(self.pool.ready)} ready / {self.pool.size}", flush=True)

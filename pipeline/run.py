@@ -40,7 +40,7 @@ from raymt.pipeline.model_check import check_model
 from raymt.pipeline.records import JobSummary, UnitMarker
 from raymt.pipeline.settings import PipelineConfig, PipelineResult
 from raymt.pipeline.sink import OutputStore, assemble, output_table
-from raymt.pipeline.timeline import Progress
+from raymt.pipeline.timeline import Progress, Snapshot
 from raymt.pipeline.units import Plan, WorkUnit, auto_unit_rows, plan_units
 from raymt.workers.device import on_gpu
 
@@ -217,7 +217,7 @@ def _decode_here(cfg: PipelineConfig, result: PipelineResult, store: OutputStore
     cfg = replace(cfg, decoder=cfg.decoder.with_threads(cfg.decoder.threads or os.cpu_count() or 1))
     progress, start, last = Progress(sum(u.stop - u.start for u in todo), cfg.decoder.slice_s), time.perf_counter(), [0.0]
 
-    def report(actor: str, snapshot: dict) -> None:  # from the worker's sampler thread, every slice
+    def report(actor: str, snapshot: Snapshot) -> None:  # from the worker's sampler thread, every slice
         progress.report(actor, snapshot)
         if time.perf_counter() - last[0] >= cfg.progress_every_s:
             last[0] = time.perf_counter()

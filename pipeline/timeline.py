@@ -10,10 +10,11 @@ target tokens decoded, beams' dead ends excluded.
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,16 +96,39 @@ class Sampler:
         self._stop.set()
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A decoder's progress at the end of one slice, as it reports it to the driver: its total target
+    tokens, its speed over the slice, and how far it is into the unit it is decoding."""
+
+    time: float  # the slice's end, wall clock
+    tokens: int  # target tokens decoded so far, every unit
+    tokens_per_s: float  # over the slice
+    unit: str | None = None  # the unit being decoded
+    unit_rows: int = 0
+    unit_source_tokens: int = 0
+    unit_tokens: int = 0  # target tokens decoded so far in this unit
+    received: float | None = None  # when the board got it (wall clock)
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Snapshot:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in json.loads(data).items() if k in names})
+
+
 class Board:
     """The driver's progress board (a Ray actor with no CPUs): decoders report, the driver reads."""
 
     def __init__(self) -> None:
-        self.reports: dict[str, dict] = {}
+        self.reports: dict[str, Snapshot] = {}
 
-    def report(self, actor: str, snapshot: dict) -> None:
-        self.reports[actor] = {**snapshot, "received": time.time()}
+    def report(self, actor: str, snapshot: Snapshot) -> None:
+        self.reports[actor] = replace(snapshot, received=time.time())
 
-    def read(self) -> dict[str, dict]:
+    def read(self) -> dict[str, Snapshot]:
         return dict(self.reports)
 
 
@@ -117,22 +141,22 @@ class Progress:
         self.rows_total, self.recent_s = rows_total, max(3 * slice_s, 5.0)
         self.rows_done = 0
         self.done_units: set[str] = set()
-        self.reports: dict[str, dict] = {}
+        self.reports: dict[str, Snapshot] = {}
 
     def committed(self, unit: str, rows: int) -> None:
         self.rows_done += rows
         self.done_units.add(unit)
 
-    def report(self, actor: str, snapshot: dict) -> None:
+    def report(self, actor: str, snapshot: Snapshot) -> None:
         self.reports[actor] = snapshot
 
     def line(self, elapsed: float, units: int) -> str:
         now, live_rows, speed = time.time(), 0.0, 0.0
         for r in list(self.reports.values()):
-            if now - r["time"] < self.recent_s:
-                speed += r["tokens_per_s"]
-            if r.get("unit") and r["unit"] not in self.done_units:
-                live_rows += min(0.95, r["unit_tokens"] / max(r["unit_source_tokens"], 1)) * r["unit_rows"]
+            if now - r.time < self.recent_s:
+                speed += r.tokens_per_s
+            if r.unit and r.unit not in self.done_units:
+                live_rows += min(0.95, r.unit_tokens / max(r.unit_source_tokens, 1)) * r.unit_rows
         done = min(self.rows_done + live_rows, self.rows_total)
         eta = f"  ETA ~{(self.rows_total - done) * elapsed / done:.0f}s" if done else ""
         return (f"[{elapsed:7.1f}s] rows ~{done:.0f}/{self.rows_total} (units {len(self.done_units)}/{units} "

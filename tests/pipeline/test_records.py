@@ -56,3 +56,18 @@ def test_the_job_summary_round_trips_and_reads_the_previous_format() -> None:
     assert summary.skipped_files == (("/in/x.parquet", "corrupt"),) and summary.lease_generation == 3
     assert json.loads(summary.to_json()) == old  # the file's format is unchanged
     assert JobSummary.from_json(summary.to_json()) == summary
+
+
+def test_a_progress_snapshot_round_trips_and_moves_the_progress_line_inside_a_unit() -> None:
+    import time
+
+    from raymt.pipeline.timeline import Board, Progress, Snapshot
+    snap = Snapshot(time=time.time(), tokens=500, tokens_per_s=250.0, unit="u0", unit_rows=100,
+                    unit_source_tokens=1000, unit_tokens=500)
+    assert Snapshot.from_json(snap.to_json()) == snap
+    board = Board()
+    board.report("a", snap)
+    assert board.read()["a"].received is not None and board.read()["a"].unit == "u0"
+    progress = Progress(rows_total=200, slice_s=2.0)
+    progress.report("a", board.read()["a"])
+    assert "rows ~50/200" in progress.line(10.0, 2) and "decoding 250 tokens/s" in progress.line(10.0, 2)
