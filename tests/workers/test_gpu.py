@@ -1,5 +1,5 @@
-"""The one decoder on a CUDA device (``-m gpu``; run on a lent GPU machine, where the shared data is
-carried in and named by ``RAYMT_SHARED_DATA``). CI has no GPU: these are skipped there, and the
+"""The one decoder on a CUDA device (``-m gpu``; on a GPU machine without ``../shared``
+the data is copied in and named by ``RAYMT_SHARED_DATA``). CI has no GPU: these are skipped there, and the
 same decode code is covered on the CPU and under the meta device (test_device.py)."""
 from __future__ import annotations
 

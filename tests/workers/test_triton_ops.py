@@ -206,7 +206,7 @@ def test_the_static_step_with_the_fused_output_step_decodes_as_atens_dynamic_one
 def test_the_kernels_compile_for_an_h100_without_spills(monkeypatch):
     """Every kernel through Triton's whole compiler for sm_90 (an H100/H200), on any machine (the
     wheel bundles ptxas and cuobjdump): a type error in a loop, or registers spilled to local memory,
-    fails here rather than on a lent GPU."""
+    fails here rather than on a GPU."""
     import shutil
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
