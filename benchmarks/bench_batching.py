@@ -7,8 +7,8 @@
 Input: WMT22 de-en (long-tailed lengths), sorted by length (bucketed, as the paper does) and
 shuffled. Systems per beam k (default k=5 and k=50): GREEDY, FIXED (exact beam), VAR-BATCH,
 VAR-STREAM, VAR-STR-FIFO (pruning delta/M as the paper: 1.5 / 5) -> BLEU, wall-clock ratio vs
-FIXED, timesteps, candidate expansions, expansions per step, and a line with the issue's targets
-(VAR-STREAM vs VAR-BATCH and vs FIXED, BLEU difference). Beams >= 20 run on the first
+FIXED, timesteps, candidate expansions, expansions per step, and a line with the paper's headline
+ratios (VAR-STREAM vs VAR-BATCH and vs FIXED, BLEU difference). Beams >= 20 run on the first
 ``--wide-beam-lines`` lines only (exact k=50 costs ~10x k=5); table titles give the line count.
 Top-up table (first beam, all lines): mini-batch (input order), maxi-batch (length-sorted batches)
 and top-up streaming, exact beam. Interleaved repetitions, median times.
@@ -83,7 +83,7 @@ def table(runs: list[Run], refs: list[str], baseline: str) -> list[dict]:
 
 
 def targets(rows: list[dict]) -> dict:
-    """The issue's targets: VAR-STREAM speed-up over VAR-BATCH and FIXED, BLEU change vs FIXED."""
+    """The headline ratios: VAR-STREAM speed-up over VAR-BATCH and FIXED, BLEU change vs FIXED."""
     by = {r["system"]: r for r in rows}
     stream = by["VAR-STREAM"]
     return {"var_stream_vs_var_batch": round(by["VAR-BATCH"]["median_s"] / stream["median_s"], 2),

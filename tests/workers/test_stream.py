@@ -97,7 +97,7 @@ def test_stream_with_shortlist_of_whole_vocabulary_is_unchanged(model, sources):
 
 
 def test_five_hundred_sentences_stream_equals_batch(model):
-    """The issue's exactness bar: VAR-STREAM == VAR-BATCH and FIXED-STREAM == FIXED on >= 500 sentences."""
+    """Exactness: VAR-STREAM == VAR-BATCH and FIXED-STREAM == FIXED on >= 500 sentences."""
     gen = torch.Generator().manual_seed(7)
     lengths = torch.randint(2, 12, (500,), generator=gen).tolist()
     sources = [torch.randint(1, PAD, (n - 1,), generator=gen).tolist() + [EOS] for n in lengths]
