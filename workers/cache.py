@@ -142,12 +142,17 @@ class KVCache:
     def step_at(self, tokens: Tensor, rows: Tensor, positions: Tensor, grid: Tensor, slots: Tensor, *,
                 t: int, s: int, shared: bool, first: int, idle: Tensor | None = None) -> StepAt:
         """Record the run rows' input tokens (N,) and make each row its own ancestor at its position,
-        then gather the rows' ancestry (t, N) once for every layer. ``idle`` (N,) bool: rows run only
-        for the step's shape (a static step's unplanned slots), whose output is discarded."""
+        then gather the rows' ancestry (t, N) once for every layer (a view when the rows are every
+        cache row in order: planned slots from 0 (``first``) covering all rows, as the static step's
+        do). ``idle`` (N,) bool: rows run only for the step's shape (a static step's unplanned
+        slots), whose output is discarded."""
         self.reserve(t)
         self.tokens[positions, rows] = tokens
         self.ancestry[positions, rows] = rows
-        ancestry = self.ancestry[:t].index_select(1, rows)  # (t, N)
+        if first == 0 and rows.shape[0] == self.ancestry.shape[1]:  # every row, in order: the identity
+            ancestry = self.ancestry[:t]  # (t, R) a view, no copy
+        else:
+            ancestry = self.ancestry[:t].index_select(1, rows)  # (t, N)
         mask = None
         if not shared and self.zeroed:  # only the ATen path reads masked positions (an unzeroed cache: the
             # native kernels, which bound each row by its own position)

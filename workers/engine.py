@@ -27,7 +27,6 @@ The model interface the engine uses (``MarianModel``; the tests' scripted stub):
 """
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
@@ -36,12 +35,14 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
-from raymt.workers.beams import Readback, SlotState, stop_mask
-from raymt.workers.cache import EncodedBatch, KVCache
+from raymt.workers.beams import Readback, stop_mask
+from raymt.workers.cache import EncodedBatch
 from raymt.workers.config import SearchConfig
-from raymt.workers.scheduler import Policy, Request, Scheduler, SchedulerConfig, SchedulerStats, StepOutput, StepPlan
-from raymt.workers.graphs import GraphedStep, HostCopy, Staging, to_device
-from raymt.workers.static_step import StaticIndices, StaticStep
+from raymt.workers.graphs import HostCopy, to_device
+from raymt.workers.runner import CacheNeed, DecodeRunner, bucket
+from raymt.workers.scheduler import (CapacityUnit, Policy, Request, Scheduler, SchedulerConfig, SchedulerStats,
+                                     StepOutput, StepPlan)
+from raymt.workers.static_step import StaticStep
 from raymt.workers.step_index import StepIndex
 from raymt.workers.search import Candidates, Hypothesis, RowTop, greedy_select, row_top_log_probs, score_step
 
@@ -93,118 +94,107 @@ def max_lengths(source_lengths: list[int], cfg: SearchConfig, positions: int) ->
     return [min(cfg.max_length_for(n), positions) for n in source_lengths]
 
 
-@dataclass
-class _Slot:
-    """A decoding sentence as the host sees it: its slot, live width and length come from the
-    scheduler's request and the last readback."""
-
-    index: int
-    source_length: int
-    max_length: int
-
-
 class Engine:
     """Decodes lists of source ids under one search config and scheduler policy."""
 
     def __init__(self, model, search: SearchConfig, schedule: SchedulerConfig, *, forced_eos: bool = True,
                  candidates: Tensor | None = None, stats: DecodeStats | None = None,
-                 static: StaticStep | None = None) -> None:
+                 static: StaticStep | None = None, runner: DecodeRunner | None = None) -> None:
         """``static``: every step has one shape (``workers/static_step.py``). Every slot's K rows run
         each step (rows not planned write at a scratch position and keep their state), over the
         full target and source capacity: the step a CUDA graph can capture and replay. On the CPU
-        it only costs; the tests run it there against the dynamic step."""
+        it only costs; the tests run it there against the dynamic step. ``runner``: the decoder's
+        long-lived state (cache, beam state, graphs, staging; ``workers/runner.py``), shared by every
+        decode call of an actor; by default the engine builds its own."""
         self.model, self.search, self.schedule, self.forced_eos = model, search, schedule, forced_eos
         self.candidates, self.static = candidates, static
         self.stats = stats if stats is not None else DecodeStats()
+        self.runner = runner if runner is not None else DecodeRunner(model)
 
     @torch.inference_mode()
     def decode(self, sources: list[list[int]]) -> list[list[Hypothesis]]:
         """Source id lists -> per sentence the ``num_hypotheses`` best hypotheses (input order)."""
         if not sources:
             return []
-        mc, k, dev = self.model.config, self.search.beam_size, self.model.device
-        slots = min(self.schedule.max_batch_sentences, len(sources))
-        caps = max_lengths([len(s) for s in sources], self.search, mc.max_position_embeddings)
-        shape = dict(target_capacity=max(caps) + 1, static=True) if self.static else {}  # + a scratch position
-        self.cache: KVCache = self.model.new_cache(slots, k, max(len(s) for s in sources), limit=max(caps) + 1,
-                                                   **shape)
-        self.state = SlotState.empty(slots, k, max(caps), mc.pad_token_id, dev)
-        lp = self.search.length_penalty
-        self._norm = torch.tensor([float(n) ** lp if n else 1.0 for n in range(max(caps) + 2)], dtype=torch.float64,
-                                  device=dev)
-        self._head = self.model.output_head(self.candidates)
-        self._beams = torch.arange(k, device=dev)  # (K,)
-        # pinned staging buffers make the step's one host-to-device copy asynchronous on a GPU
-        ahead = self.static.readback_every if self.static else 1  # steps the host may run ahead of the device
-        self._staging = Staging.for_device(4 * slots * k + 3 * slots, dev, ahead)
-        if self.candidates is not None:
-            self.stats.shortlist_sizes.append(int(self.candidates.numel()))
-        self._free, self._slot, self._encoded = list(range(slots)), {}, {}  # _encoded: id -> (its batch's K/V, row)
-        self._static = StaticIndices(slots, k, self.cache.max_length - 1, self.cache.cross_k.shape[3], self.forced_eos,
-                                     dev, self._to_device) if self.static else None  # (one buffer per decode)
-        self._unread = 0  # static steps run since the last readback
-        self._in_flight: tuple[HostCopy, list[tuple[int, int]]] | None = None  # late: a readback and its sentences
-        self._graph = GraphedStep() if self.static and dev.type == "cuda" else None
-        scheduler = Scheduler(self.schedule, self.stats.scheduler, beam_size=self.search.beam_size)
-        for i, src in enumerate(sources):
-            scheduler.add(Request(i, len(src)))
-        requests = {r.id: r for r in scheduler.waiting}
-        results: list[list[Hypothesis]] = [[] for _ in sources]
-        with record_function("search loop"):  # the step profile's "search": this minus the model's scopes
-            while scheduler.has_work:
-                plan = scheduler.schedule()
-                if plan.admit:
-                    self._admit(plan.admit, sources, caps, scheduler)
-                out, hyps = self._step(plan, requests)
-                for i in scheduler.update(plan, out):
-                    self._free.append(self._slot.pop(i).index)
-                    results[i] = hyps[i]
-        if self.search.pruning.active:
-            self.stats.pruned += int(self.state.pruned)
-            self.stats.syncs += 1
+        with self.runner.scope():  # (on CUDA: the runner's device is the current one)
+            scheduler, requests = self._prepare(sources)
+            results: list[list[Hypothesis]] = [[] for _ in sources]
+            with record_function("search loop"):  # the step profile's "search": this minus the model's scopes
+                while scheduler.has_work:
+                    plan = scheduler.schedule()
+                    if plan.encode:
+                        self._encode(plan.encode, sources)
+                    if plan.admit:
+                        self._admit(plan.admit, requests)
+                    out, hyps = self._step(plan, requests)
+                    for i in scheduler.update(plan, out):
+                        results[i] = hyps[i]
+            if self.search.pruning.active:
+                self.stats.pruned += int(self.state.pruned)
+                self.stats.syncs += 1
         self.stats.target_tokens += sum(len(r[0].tokens) for r in results if r)
         return results
 
-    def _admit(self, ids: tuple[int, ...], sources: list[list[int]], caps: list[int], scheduler: Scheduler) -> None:
-        """The admitted sentences into free slots: their cross-attention K/V (computed ahead with their
-        batch's encoder output, or now) copied in, fresh search state."""
-        blocks = [self._free.pop(0) for _ in ids]
-        for i, b in zip(ids, blocks):
-            self._slot[i] = _Slot(b, len(sources[i]), caps[i])
-        self._encode_ahead([i for i in ids if i not in self._encoded], sources, scheduler)
+    def _prepare(self, sources: list[list[int]]) -> tuple[Scheduler, dict[int, Request]]:
+        """The call's slots in the runner's cache and beam state (reused; grown only where this call
+        needs more), its tables, and a scheduler holding every sentence as a request."""
+        mc, k, n = self.model.config, self.search.beam_size, self.schedule.max_batch_sentences
+        caps = max_lengths([len(s) for s in sources], self.search, mc.max_position_embeddings)
+        wanted = min(n, len(sources))
+        if self.static:  # one captured graph per bucket: a power of two (or n) slots
+            wanted = bucket(wanted, n)
+        need = CacheNeed(wanted, k, max(1, max(len(s) for s in sources)), max(caps) + 1, static=bool(self.static))
+        slots = self.runner.reserve(need, pad=mc.pad_token_id)
+        schedule = self.schedule
+        if slots < min(n, len(sources)):  # memory allowed fewer slots than asked
+            sentences = schedule.capacity_unit is CapacityUnit.SENTENCES
+            schedule = replace(schedule, max_batch_sentences=slots,
+                               capacity=min(schedule.capacity, slots) if sentences else schedule.capacity)
+        self.cache, self.state = self.runner.cache, self.runner.state
+        self._norm = self.runner.norm(self.search.length_penalty, max(caps) + 2)
+        self._head = self.model.output_head(self.candidates)
+        self._beams = self.runner.beams(k)  # (K,)
+        # pinned staging buffers make the step's one host-to-device copy asynchronous on a GPU
+        ahead = self.static.readback_every if self.static else 1  # steps the host may run ahead of the device
+        self._to_device = self.runner.copier(4 * slots * k + 3 * slots, ahead)
+        if self.candidates is not None:
+            self.stats.shortlist_sizes.append(int(self.candidates.numel()))
+        self._encoded: dict[int, tuple[EncodedBatch, int]] = {}  # id -> (its batch's K/V, row)
+        self._static = self.runner.static_indices(slots, k, self.forced_eos, self._to_device) if self.static else None
+        self._unread = 0  # static steps run since the last readback
+        self._in_flight: tuple[HostCopy, list[tuple[int, int]]] | None = None  # late: a readback and its sentences
+        signature = (self.search, self.forced_eos, None if self.candidates is None else id(self._head))
+        self._graph = self.runner.graph(slots, signature) if self.static else None
+        self._scheduler = Scheduler(schedule, self.stats.scheduler, beam_size=k)
+        requests = {i: Request(i, len(src), max_length=caps[i]) for i, src in enumerate(sources)}
+        for r in requests.values():
+            self._scheduler.add(r)
+        return self._scheduler, requests
+
+    def _admit(self, ids: tuple[int, ...], requests: dict[int, Request]) -> None:
+        """The admitted sentences into the slots the scheduler gave them: their cross-attention K/V
+        (computed ahead with their batch's encoder output) copied in, fresh search state."""
         entries = [self._encoded.pop(i) for i in ids]
         dev = self.model.device
-        host = torch.tensor(blocks, device="cpu")  # (A,)
+        host = torch.tensor([requests[i].slot for i in ids], device="cpu")  # (A,)
         index = to_device(host, dev)
         groups: dict[int, tuple[EncodedBatch, list[int]]] = {}  # each encode batch the admitted came from
         for j, (batch, _) in enumerate(entries):
             groups.setdefault(id(batch), (batch, []))[1].append(j)
         for batch, members in groups.values():
-            lengths = [len(sources[ids[j]]) for j in members]
+            lengths = [requests[ids[j]].source_length for j in members]
             slots = index if len(members) == len(ids) else to_device(host[members], dev)
             self.cache.admit(slots, batch.select([entries[j][1] for j in members], max(lengths)),
                              prefix_mask(lengths, max(lengths), dev))
         self.state.admit(index, self.model.config.decoder_start_token_id)
 
-    def _encode_ahead(self, missing: list[int], sources: list[list[int]], scheduler: Scheduler) -> None:
-        """Encode the sentences about to be admitted together with the next waiting ones (up to one
-        batch of slots), cross-attention K/V included: a policy that admits a sentence or two a step
-        (FIFO, top-up) then runs the encoder and the K/V projections on batches, not on one sentence
-        at a time (the top-up paper's encoded-ahead queue); admission only copies."""
-        if not missing:
-            return
-        room = self.cache.cross_k.shape[1]  # one batch: as many sentences as there are slots
-        ahead = [r.id for r in itertools.islice(scheduler.waiting, room) if r.id not in self._encoded]
-        batch = missing + [i for i in ahead if i not in missing][: max(room - len(missing), 0)]
-        src_ids, src_mask = pad_sources([sources[i] for i in batch], self.model.config.pad_token_id, self.model.device)
+    def _encode(self, ids: tuple[int, ...], sources: list[list[int]]) -> None:
+        """The sentences the scheduler asks to encode now (those admitted now, then the next waiting
+        ones: its encode-ahead queue) in one batch, cross-attention K/V included."""
+        src_ids, src_mask = pad_sources([sources[i] for i in ids], self.model.config.pad_token_id, self.model.device)
         encoded = EncodedBatch(self.model.cross_kv(self.model.encode(src_ids, src_mask)))
-        for row, i in enumerate(batch):
+        for row, i in enumerate(ids):
             self._encoded[i] = (encoded, row)
-
-    def _to_device(self, values: np.ndarray) -> Tensor:
-        """The step's host-built indices (int64) in one copy (through a pinned buffer on a GPU)."""
-        packed = torch.from_numpy(values)
-        return packed.to(self.model.device) if self._staging is None else self._staging.to_device(packed)
 
     def _indices(self, plan: StepPlan, requests: dict[int, Request]) -> StepIndex:
         """The step's indices, built on the host from what it already knows (each planned
@@ -214,12 +204,12 @@ class Engine:
         sentence the host only reads its numbers; numpy expands them to rows (against a Python loop,
         same inputs: 47 -> 39 us at 32 sentences, 1211 -> 309 us at 1000)."""
         if self.static:
-            return self._static.step_index(plan, requests, self._slot.__getitem__)
+            return self._static.step_index(plan, requests, self._scheduler.slot_of)
         k = self.search.beam_size
-        expand = sorted(plan.expand, key=lambda i: self._slot[i].index)
+        expand = sorted(plan.expand, key=lambda i: requests[i].slot)
         b = len(expand)
-        held = [self._slot[i] for i in expand]
-        slots = np.fromiter((s.index for s in held), np.int64, b)  # (B',)
+        held = [requests[i] for i in expand]
+        slots = np.fromiter((s.slot for s in held), np.int64, b)  # (B',)
         cap = np.fromiter((s.max_length for s in held), np.int64, b)
         width = np.fromiter((requests[i].width for i in expand), np.int64, b)  # 1 at admission, then read back
         length = np.fromiter((requests[i].length for i in expand), np.int64, b)
@@ -265,7 +255,7 @@ class Engine:
             if not due:
                 return StepOutput(), {}
             self._unread = 0
-            return self._outcome(Readback.read(packed), [(i, slot.index) for i, slot in self._slot.items()], ix.t)
+            return self._outcome(Readback.read(packed), self._scheduler.occupied(), ix.t)
         outcome = StepOutput(), {}
         if self._in_flight is not None:
             copy, sentences = self._in_flight
@@ -274,7 +264,7 @@ class Engine:
         if due:
             self._unread = 0
             finished = set(outcome[0].finished)
-            self._in_flight = HostCopy(packed), [(i, s.index) for i, s in self._slot.items() if i not in finished]
+            self._in_flight = HostCopy(packed), [(i, s) for i, s in self._scheduler.occupied() if i not in finished]
         return outcome
 
     def _outcome(self, back: Readback, sentences: list[tuple[int, int]], t: int
@@ -370,13 +360,15 @@ def batch_schedule(sentences: int) -> SchedulerConfig:
 
 
 def beam_search(model, src_ids: Tensor, src_mask: Tensor, cfg: SearchConfig, *, forced_eos: bool = True,
-                candidates: Tensor | None = None, stats: DecodeStats | None = None) -> list[list[Hypothesis]]:
+                candidates: Tensor | None = None, stats: DecodeStats | None = None,
+                runner: DecodeRunner | None = None) -> list[list[Hypothesis]]:
     """One padded batch, src_ids / src_mask (B, S), decoded to its end on the engine (FIXED policy)
     -> per sentence the ``cfg.num_hypotheses`` best hypotheses, HF ``generate`` semantics
-    (``raymt.workers.search``). ``candidates`` (C,): a shortlist of target ids."""
+    (``raymt.workers.search``). ``candidates`` (C,): a shortlist of target ids; ``runner``: the
+    decoder's long-lived state to reuse (``workers/runner.py``), else a fresh one."""
     sources = [row[:n] for row, n in zip(src_ids.tolist(), src_mask.sum(1).tolist())]
     engine = Engine(model, cfg, batch_schedule(len(sources)), forced_eos=forced_eos,
-                    candidates=candidates, stats=stats)
+                    candidates=candidates, stats=stats, runner=runner)
     return engine.decode(sources)
 
 

@@ -2,13 +2,19 @@
 the static step captured as a CUDA graph, the pinned buffers the step's indices are staged in, the
 pinned asynchronous copy of the encoder's inputs and the admitted slots, and the device's free
 memory (the slots are fitted to it).
-The engine asks for the graph and the staging buffers once per decode, on a CUDA device only; the
-two copies (``to_device``, ``HostCopy``) are plain copies elsewhere.
+The runner (``workers/runner.py``) builds the graphs and the staging buffers once, on a CUDA device
+only; the copies (``to_device``, ``HostCopy``, ``HostToDevice``) are plain copies elsewhere.
 """
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
+import numpy as np
 import torch
 from torch import Tensor
+
+logger = logging.getLogger(__name__)
 
 
 def to_device(x: Tensor, device: torch.device | str) -> Tensor:
@@ -81,30 +87,85 @@ class Staging:
         return out
 
 
-class GraphedStep:
-    """The static step as a CUDA graph (issue 16): the first step runs eagerly on a side stream (it
-    warms the kernels, cuBLAS and the allocator there, as torch's graph docs ask), the second is
-    captured and every step after replays it. The captured step reads the engine's persistent
-    tensors only (cache, search state, the static index buffer), so a replay is the step for that
-    step's indices; refills happen between replays. Capture is thread-local: a Ray actor's other
-    threads may use CUDA meanwhile. Untested on CUDA as of this commit (no GPU was lent):
-    ``tests/workers/test_gpu.py`` checks replay against eager."""
+class HostToDevice:
+    """The step's host-built indices (int64 numpy) -> one tensor on ``device``, through ``staging``'s
+    pinned buffers on a GPU (``Staging``; None elsewhere: a plain copy). A plain object holding no
+    engine, so what keeps it (``StaticIndices``) keeps no engine alive."""
 
-    def __init__(self) -> None:
-        self.steps, self.graph, self.output = 0, None, None
+    def __init__(self, device: torch.device, staging: "Staging | None") -> None:
+        self.device, self.staging = device, staging
 
-    def run(self, step) -> Tensor:
-        self.steps += 1
-        if self.steps == 1:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                out = step()
-            torch.cuda.current_stream().wait_stream(side)
-            return out
-        if self.graph is None:
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-                self.output = step()  # recorded, not run
+    def __call__(self, values: np.ndarray) -> Tensor:
+        packed = torch.from_numpy(values)
+        return packed.to(self.device) if self.staging is None else self.staging.to_device(packed)
+
+
+class CaptureOutOfMemory(torch.OutOfMemoryError):
+    """Out of device memory while capturing the decode step: the message names the slots tried."""
+
+
+class CapturedStep:
+    """One decode step recorded as a CUDA graph on ``stream``, its memory from ``pool`` (one pool per
+    runner, shared by every bucket's graph). ``replay`` reruns it and returns its output tensor."""
+
+    def __init__(self, step: Callable[[], Tensor], stream, pool) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+            self.output = step()  # recorded, not run
+
+    def replay(self) -> Tensor:
         self.graph.replay()
         return self.output
+
+
+class GraphedStep:
+    """The static step as a CUDA graph: the first step runs eagerly on the capture stream (it warms
+    the kernels, cuBLAS and the allocator on the stream the capture then uses, as torch's graph docs
+    ask), the second is captured on that stream and every step after replays it. The captured step
+    reads the runner's persistent tensors only (cache, search state, the static index buffer), so
+    a replay is the step for that step's indices; refills happen between replays. Capture is
+    thread-local: a Ray actor's other threads may use CUDA meanwhile.
+
+    A capture that fails falls back to eager steps with one warning naming the cause; out of
+    memory while capturing raises ``CaptureOutOfMemory`` naming ``label`` (the slots tried).
+    ``capture(step, stream, pool)``: builds the captured step (``CapturedStep``; tests inject one)."""
+
+    def __init__(self, *, stream=None, pool=None, capture: Callable | None = None, label: str = "") -> None:
+        self.stream, self.pool, self.label = stream, pool, label
+        self.capture = capture or CapturedStep
+        self.steps, self.captured, self.eager = 0, None, False
+
+    @property
+    def graph(self):
+        """The captured CUDA graph, once captured (None before, or when steps run eagerly)."""
+        return getattr(self.captured, "graph", None)
+
+    def run(self, step: Callable[[], Tensor]) -> Tensor:
+        self.steps += 1
+        if self.eager:
+            return step()
+        if self.steps == 1:  # warm-up, on the stream the capture will use
+            return _on_stream(self.stream, step)
+        if self.captured is None:
+            try:
+                self.captured = self.capture(step, self.stream, self.pool)
+            except torch.OutOfMemoryError as e:
+                raise CaptureOutOfMemory(f"out of memory capturing the decode step ({self.label}): {e}") from e
+            except RuntimeError as e:
+                logger.warning("capturing the decode step (%s) failed, decoding eagerly: %s: %s", self.label,
+                               type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+                self.eager = True
+                return step()  # (a failed capture ran nothing)
+        return self.captured.replay()
+
+
+def _on_stream(stream, step: Callable[[], Tensor]) -> Tensor:
+    """``step()`` on ``stream`` (ordered after the current stream's work, and it after the step's);
+    None: on the current stream."""
+    if stream is None:
+        return step()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        out = step()
+    torch.cuda.current_stream().wait_stream(stream)
+    return out

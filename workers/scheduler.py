@@ -1,9 +1,13 @@
 """Decoder scheduler: which sentences to admit and which to expand at each step. No torch.
 
-Interface (nano-vllm style): ``add(request)``; ``schedule() -> StepPlan`` (admissions + the
-sentences to expand this step); the engine runs one model step for the planned sentences and calls
-``update(plan, StepOutput) -> finished ids``, which frees their slots so the next ``schedule``
-refills them. Policies:
+Interface (nano-vllm style): ``add(request)``; ``schedule() -> StepPlan`` (admissions, each into a
+free slot, the sentences to encode now and the sentences to expand this step); the engine runs one
+model step for the planned sentences and calls ``update(plan, StepOutput) -> finished ids``, which
+frees their slots so the next ``schedule`` refills them. The scheduler owns the slots (the free
+list and each running sentence's ``Request.slot``) and the encode-ahead queue: a policy that admits
+a sentence or two a step (FIFO, top-up) has the sentences about to be admitted encoded together
+with the next waiting ones, up to one batch of slots (the top-up paper's encoded-ahead queue), so
+the encoder runs on batches and admission only copies. Policies:
 
 * ``FIXED`` / ``VAR_BATCH``: admit a batch of ``n`` sentences when none is active, expand all of
   them until all finish (VAR_BATCH differs only in the search's pruning, not in scheduling);
@@ -21,6 +25,7 @@ Capacity counts ``sentences``, ``beams`` (live beam width: candidate expansions 
 """
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
@@ -77,12 +82,15 @@ class Request:
     width: int = 1  # live beams (1 at admission: the start token)
     length: int = 0  # target tokens generated so far
     status: Status = Status.WAITING
+    max_length: int = 0  # the cap on its generated tokens (the engine's; the scheduler only carries it)
+    slot: int = -1  # its slot while running (given at admission, freed when it finishes)
 
 
 @dataclass(frozen=True)
 class StepPlan:
     admit: tuple[int, ...]  # request ids entering the batch this step (then expanded too)
     expand: tuple[int, ...]  # request ids to run one decoder step for, admitted ones included
+    encode: tuple[int, ...] = ()  # request ids to encode now (admitted ones not encoded yet, then waiting ones)
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,8 @@ class Scheduler:
         self.cfg, self.beam_size = cfg, beam_size
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}  # admission order
+        self.free: list[int] = list(range(cfg.max_batch_sentences))  # free slots, taken from the front
+        self.encoded: set[int] = set()  # waiting ids encoded ahead of their admission
         self.stats = stats if stats is not None else SchedulerStats()  # given: read live by the caller
 
     def add(self, request: Request) -> None:
@@ -144,6 +154,7 @@ class Scheduler:
             r.status, load = Status.RUNNING, load + cost
             admitted.append(r)
         for r in admitted:
+            r.slot = self.free.pop(0)
             self.running[r.id] = r
         if admitted:
             self.stats.refills += 1
@@ -168,7 +179,30 @@ class Scheduler:
         self.stats.steps += 1
         self.stats.batch_sizes.append(len(expand))
         self.stats.expansions += sum(self.running[i].width for i in expand)
-        return StepPlan(tuple(r.id for r in admitted), tuple(expand))
+        admit = tuple(r.id for r in admitted)
+        return StepPlan(admit, tuple(expand), self._encode_ahead(admit))
+
+    def _encode_ahead(self, admit: tuple[int, ...]) -> tuple[int, ...]:
+        """Algorithm: when an admitted sentence is not encoded yet, encode it now together with the
+        next waiting ones not encoded yet, up to one batch of slots; the waiting ones are then
+        admitted without encoding."""
+        missing = [i for i in admit if i not in self.encoded]
+        self.encoded.difference_update(admit)
+        if not missing:
+            return ()
+        room = max(self.cfg.max_batch_sentences - len(missing), 0)
+        ahead = [r.id for r in itertools.islice(self.waiting, self.cfg.max_batch_sentences)
+                 if r.id not in self.encoded][:room]
+        self.encoded.update(ahead)
+        return tuple(missing + ahead)
+
+    def occupied(self) -> list[tuple[int, int]]:
+        """(id, slot) of every running sentence, in admission order."""
+        return [(i, r.slot) for i, r in self.running.items()]
+
+    def slot_of(self, request_id: int) -> Request:
+        """A running sentence's request: its ``slot`` and ``max_length``."""
+        return self.running[request_id]
 
     def _select(self, policy: Policy) -> list[int]:
         running = list(self.running.values())
@@ -203,5 +237,6 @@ class Scheduler:
         for rid in out.finished:
             r = self.running.pop(rid)
             r.status = Status.FINISHED
+            self.free.append(r.slot)
             finished.append(rid)
         return finished

@@ -1,4 +1,4 @@
-"""The static step (issue 16): one shape every step, so a CUDA graph captures it once and replays it.
+"""The static step: one shape every step, so a CUDA graph captures it once and replays it.
 
 Every slot's K rows run each step, over the cache's full target and source capacity. A slot the
 step does not plan (empty, not chosen by the policy, or ended at its cap) runs at a scratch
@@ -54,7 +54,10 @@ class StaticStep:
 
 class StaticIndices:
     """The static step's index buffer (FIELDS x slots int64 on the device) and the ``StepIndex`` of
-    views into it that every step reads. ``to_device``: the engine's one host-to-device copy."""
+    views into it that every step reads. ``to_device``: the step's one host-to-device copy
+    (``graphs.HostToDevice``: it holds no engine, so no reference cycle keeps a decode's cache).
+    The runner keeps one per bucket across decodes (a captured graph reads its buffer); ``reset``
+    forgets the last decode's plan."""
 
     def __init__(self, slots: int, beam_size: int, scratch: int, source_capacity: int, forced_eos: bool,
                  device: torch.device, to_device) -> None:
@@ -71,7 +74,8 @@ class StaticIndices:
 
     def step_index(self, plan: StepPlan, requests: dict[int, Request], slot_of) -> StepIndex:
         """This step's indices: the device-advanced buffer when the plan is the last one, else built
-        on the host from each planned sentence's slot (``slot_of(id)``: index and max_length) and length."""
+        on the host from each planned sentence's slot (``slot_of(id)``: its ``slot`` and ``max_length``)
+        and length."""
         if self.index is not None and not plan.admit and plan.expand == self.expand and self.age + 1 < self.fresh:
             self.age += 1
             self.advanced += 1
@@ -79,7 +83,7 @@ class StaticIndices:
         c, expand = self.slots, plan.expand
         b = len(expand)
         held = [slot_of(i) for i in expand]
-        slot = np.fromiter((x.index for x in held), np.int64, b)  # (B',) per planned sentence
+        slot = np.fromiter((x.slot for x in held), np.int64, b)  # (B',) per planned sentence
         cap = np.fromiter((x.max_length for x in held), np.int64, b)
         length = np.fromiter((requests[i].length for i in expand), np.int64, b)
         width = np.fromiter((requests[i].width for i in expand), np.int64, b)
@@ -104,6 +108,10 @@ class StaticIndices:
         self.expand, self.age, self.fresh = plan.expand, 0, fresh  # this build's planned set holds for
         self.built += 1  # ``fresh`` steps: then a sentence reaches its cap (the host counts live rows anew)
         return self.index
+
+    def reset(self) -> None:
+        """A new decode: no plan held (the buffer stays, for a captured step that reads it)."""
+        self.index, self.expand, self.age, self.fresh = None, None, 0, 0
 
     def advance(self) -> None:
         """On the device, after the step's reads: the buffer as the host would write it for the same

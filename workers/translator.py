@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -15,6 +15,7 @@ from raymt.workers.checkpoint import Checkpoint, Reader, load_checkpoint, local_
 from raymt.workers.config import SearchConfig
 from raymt.workers.decode_config import DEFAULTS
 from raymt.workers.engine import DecodeStats, Engine, StaticStep, batch_schedule
+from raymt.workers.runner import DecodeRunner
 from raymt.workers.scheduler import CapacityUnit, SchedulerConfig
 from raymt.workers.search import Hypothesis
 from raymt.workers.shortlist import Shortlist
@@ -48,6 +49,9 @@ class Translator:
     max_batch_size: int = DEFAULTS.batching.max_batch_size
     sort_by_length: bool = True  # streaming: feed sources sorted by length (bucketing) or as given
     tuner: BatchTuner | None = None  # closed-loop batch size (batch mode); None: max_batch_size
+    # the decoder's long-lived state (KV cache, beam state, graphs, staging): built on the first
+    # decode, reused by every later one (``workers/runner.py``); ``close`` frees it
+    _runner: DecodeRunner | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def load(cls, model: str | Reader, *, threads: int | None = None, max_batch_size: int = DEFAULTS.batching.max_batch_size,
@@ -167,6 +171,20 @@ class Translator:
             return (self._decode_batch(sources[:half], cfg, shortlist, stats, static)
                     + self._decode_batch(sources[half:], cfg, shortlist, stats, static))
 
+    @property
+    def runner(self) -> DecodeRunner:
+        """The one runner of this translator's model, built on first use."""
+        model = self.checkpoint.model
+        if self._runner is None or self._runner.model is not model:
+            self._runner = DecodeRunner(model)
+        return self._runner
+
+    def close(self) -> None:
+        """Frees the decoder's cache, graphs and buffers now (a later decode builds them again)."""
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+
     def _engine(self, cfg: SearchConfig, shortlist: Shortlist | None, sources: list[list[int]],
                 batching: SchedulerConfig, stats: DecodeStats, static: StaticStep | None = None) -> Engine:
         model = self.checkpoint.model
@@ -174,7 +192,7 @@ class Translator:
         if model.device.type == "cuda":
             batching = self._fit_to_memory(batching, sources, cfg, candidates)
         return Engine(model, cfg, batching, forced_eos=self.forced_eos, candidates=candidates, stats=stats,
-                      static=static)
+                      static=static, runner=self.runner)
 
     def _fit_to_memory(self, batching: SchedulerConfig, sources: list[list[int]], cfg: SearchConfig,
                        candidates: torch.Tensor | None) -> SchedulerConfig:
@@ -189,7 +207,8 @@ class Translator:
             vocab=int(candidates.numel()) if candidates is not None else mc.decoder_vocab_size,
             max_target=min(cfg.max_length_for(longest), mc.max_position_embeddings) + 1, max_source=longest,
             bytes_per_value=model.model.shared.weight.element_size())
-        slots = fit_slots(batching.max_batch_sentences, free_memory(model.device), per_slot)
+        free = free_memory(model.device) + self.runner.held_bytes()  # (the held cache is reused or freed)
+        slots = fit_slots(batching.max_batch_sentences, free, per_slot)
         if slots == batching.max_batch_sentences:
             return batching
         logger.info("decoding with %d slots, not %d: that many fit half the GPU's free memory (%.1f MB a slot)",

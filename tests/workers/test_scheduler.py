@@ -148,3 +148,39 @@ def test_scheduler_module_does_not_import_torch() -> None:
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not any(name and name.split(".")[0] == "torch" for name in names)
+
+
+def test_the_scheduler_gives_each_admitted_sentence_a_free_slot_and_takes_it_back() -> None:
+    """Driven by hand: top-up over 3 slots; finished sentences free their slots, the next refill takes
+    them (never-used slots first), and no two running sentences share one."""
+    s = make(Policy.TOPUP, n=3, refill_threshold=0.5)
+    feed(s, [0] * 6)
+    plan = s.schedule()
+    assert plan.admit == (0, 1, 2) and [s.running[i].slot for i in plan.admit] == [0, 1, 2] and s.free == []
+    s.update(plan, StepOutput(finished=(1,), widths={0: 1, 2: 1}))
+    assert s.free == [1] and s.occupied() == [(0, 0), (2, 2)]
+    plan = s.schedule()  # one of three empty: below the threshold, no refill
+    assert plan.admit == () and plan.expand == (0, 2)
+    s.update(plan, StepOutput(finished=(0, 2)))
+    assert sorted(s.free) == [0, 1, 2] and not s.running
+    plan = s.schedule()
+    assert plan.admit == (3, 4, 5) and [s.slot_of(i).slot for i in plan.admit] == [1, 0, 2]  # in the order freed
+    s.update(plan, StepOutput(finished=(3, 4, 5)))
+    assert not s.has_work and sorted(s.free) == [0, 1, 2]
+
+
+def test_the_encode_ahead_queue_encodes_the_next_waiting_sentences_with_the_admitted() -> None:
+    """FIFO admits whenever a slot is free: the first admission encodes a whole batch (the admitted
+    and the next waiting ones, up to one batch of slots), later admissions of those encode nothing."""
+    s = make(Policy.FIFO, n=2)
+    feed(s, [0] * 5)
+    plan = s.schedule()
+    assert plan.admit == (0, 1) and plan.encode == (0, 1)  # (no room ahead: the batch is the admitted)
+    s.update(plan, StepOutput(finished=(0,)))
+    plan = s.schedule()
+    assert plan.admit == (2,) and plan.encode == (2, 3)  # 3 encoded ahead, with 2
+    s.update(plan, StepOutput(finished=(1, 2)))
+    plan = s.schedule()
+    assert plan.admit == (3, 4) and plan.encode == (4,)  # 3 was encoded ahead
+    s.update(plan, StepOutput(finished=(3, 4)))
+    assert not s.has_work and s.encoded == set()

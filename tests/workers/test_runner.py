@@ -1,0 +1,233 @@
+"""The decoder runner (workers/runner.py): built once per translator, its cache, state and captured
+steps reused by every decode call; freed at once on close; on the device it was given; a failed
+capture decodes eagerly, out of memory shrinks the slots and says which sizes were tried."""
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import weakref
+
+import pytest
+import torch
+
+from raymt.workers.cache import KVCache
+from raymt.workers.config import SearchConfig
+from raymt.workers.engine import Engine
+from raymt.workers.graphs import GraphedStep
+from raymt.workers.runner import CacheNeed, DecodeRunner, bucket
+from raymt.workers.scheduler import Policy, SchedulerConfig
+from raymt.workers.static_step import StaticStep
+from raymt.workers.translator import Translator
+
+CALLS = [  # the first batch holds the longest source: later ones fit its cache
+    ["Ein Mann mit einem roten Hut fährt mit seinem Fahrrad über eine lange Brücke.", "Ein Hund läuft.",
+     "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch."],
+    ["Eine Katze schläft.", "Ein Mann fährt Fahrrad.", "Zwei Kinder essen Eis am Strand.", "Ein Vogel singt.",
+     "Kinder spielen im Park."],
+    ["Eine Frau tanzt.", "Drei Hunde rennen über die Wiese.", "Ein Junge springt ins Wasser.", "Ein Mann kocht."],
+]
+CFG = SearchConfig(beam_size=3, num_hypotheses=2, max_length_a=0.0, max_length_b=12)  # one cap: one capacity
+
+
+class Rerun:
+    """A captured step on the CPU: ``replay`` reruns the step it captured, as a CUDA graph's replay
+    recomputes it from the runner's persistent tensors."""
+
+    def __init__(self, step, stream, pool) -> None:
+        self.step = step
+
+    def replay(self) -> torch.Tensor:
+        return self.step()
+
+
+def raising(error: Exception):
+    def capture(step, stream, pool):
+        raise error
+    return capture
+
+
+@pytest.fixture(scope="module")
+def tr(demo_model_dir):
+    return Translator.load(str(demo_model_dir), max_batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def expected(tr):
+    """Each call's hypotheses from an engine with a runner of its own (the decoder before runners)."""
+    return [tokens(Engine(tr.checkpoint.model, CFG, SchedulerConfig(max_batch_sentences=4, capacity=4),
+                          forced_eos=tr.forced_eos).decode(sorted(tr.encode(texts), key=len)))
+            for texts in CALLS]
+
+
+def tokens(hyps) -> list:
+    return [[h.tokens for h in x] for x in hyps]
+
+
+def decode_calls(tr: Translator, **kwargs) -> list:
+    return [tokens(tr.decode_ids(sorted(tr.encode(texts), key=len), CFG, **kwargs).hypotheses) for texts in CALLS]
+
+
+def test_one_runner_serves_every_call_with_one_cache(demo_model_dir, expected):
+    tr = Translator.load(str(demo_model_dir), max_batch_size=4)
+    got = decode_calls(tr)  # three calls, batches of 4, 4 and 1, 4
+    runner = tr.runner
+    assert got == expected
+    assert tr.runner is runner and runner.counts.caches == 1 and runner.counts.states == 1
+    topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=4, capacity=4)
+    assert decode_calls(tr, batching=topup) == expected  # streaming calls fill the same slots
+    assert runner.counts.caches == 1
+    long = ["Ein Mann " + "und ein Hund " * 12 + "laufen."]  # a longer source than the cache holds: it grows
+    tr.decode_ids(tr.encode(long), CFG)
+    assert runner.counts.caches == 2 and runner.cache.cross_k.shape[3] >= len(tr.encode(long)[0])
+
+
+def test_the_static_step_is_captured_once_per_bucket_across_calls(demo_model_dir, expected):
+    tr = Translator.load(str(demo_model_dir), max_batch_size=4)
+    tr._runner = DecodeRunner(tr.checkpoint.model, capture=Rerun)  # graphs on the CPU: counted, replayed
+    got = decode_calls(tr, static=StaticStep())
+    assert got == expected
+    assert (tr.runner.counts.caches, tr.runner.counts.captures) == (1, 1)
+    batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2)  # another bucket
+    assert decode_calls(tr, batching=batching, static=StaticStep()) == expected
+    assert (tr.runner.counts.caches, tr.runner.counts.captures) == (1, 2)
+    assert [bucket(n, 1024) for n in (1, 2, 3, 5, 600)] == [1, 2, 4, 8, 1024] and bucket(6, 6) == 6
+
+
+def test_a_failed_capture_decodes_eagerly_with_one_warning(demo_model_dir, expected, caplog):
+    tr = Translator.load(str(demo_model_dir), max_batch_size=4)
+    tr._runner = DecodeRunner(tr.checkpoint.model, capture=raising(RuntimeError("operation not permitted when "
+                                                                                 "stream is capturing")))
+    with caplog.at_level(logging.WARNING, logger="raymt.workers.graphs"):
+        assert decode_calls(tr, static=StaticStep()) == expected
+    warnings = [r.getMessage() for r in caplog.records if r.name == "raymt.workers.graphs"]
+    assert len(warnings) == 1 and "decoding eagerly" in warnings[0] and "not permitted" in warnings[0]
+    assert "\n" not in warnings[0] and tr.runner.counts.captures == 1  # (not tried again for the bucket)
+
+
+def test_warm_up_and_capture_run_on_one_stream_and_replays_follow():
+    seen = []
+    graph = GraphedStep(stream=None, capture=lambda step, stream, pool: seen.append(stream) or Rerun(step, 0, 0))
+    outputs = [graph.run(lambda i=i: torch.tensor([i])) for i in range(3)]
+    assert seen == [None] and [int(x) for x in outputs] == [0, 1, 1]  # (the captured step replays)
+
+
+def test_out_of_memory_capturing_names_the_slots_tried_and_shrinks_the_bucket(demo_model_dir, expected):
+    tr = Translator.load(str(demo_model_dir), max_batch_size=4)
+    fits = {"slots": 2}
+
+    def capture(step, stream, pool):  # a device where a graph of more than 2 slots does not fit
+        if tr.runner.cache is not None and tr.runner._static and max(k[0] for k in tr.runner._static) > fits["slots"]:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return Rerun(step, stream, pool)
+
+    tr._runner = DecodeRunner(tr.checkpoint.model, capture=capture)
+    sources = sorted(tr.encode(CALLS[1]), key=len)
+    engine = Engine(tr.checkpoint.model, CFG, SchedulerConfig(max_batch_sentences=4, capacity=4),
+                    forced_eos=tr.forced_eos, static=StaticStep(), runner=tr.runner)
+    with pytest.raises(torch.OutOfMemoryError, match=r"4 slots.*slots tried: 4; later calls decode in at most 2"):
+        engine.decode(sources)
+    assert tr.runner.slot_cap == 2
+    assert decode_calls(tr, static=StaticStep()) == expected  # later calls: 2 slots, captured once
+    assert tr.runner.counts.captures == 2
+
+
+def test_out_of_memory_sizing_the_cache_halves_the_slots(demo_model_dir, expected, monkeypatch, caplog):
+    tr = Translator.load(str(demo_model_dir), max_batch_size=4)
+    model, tried = tr.checkpoint.model, []
+    real = model.new_cache
+
+    def small_device(slots, *args, **kwargs):
+        tried.append(slots)
+        if slots > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return real(slots, *args, **kwargs)
+
+    monkeypatch.setattr(model, "new_cache", small_device)
+    with caplog.at_level(logging.WARNING, logger="raymt.workers.runner"):
+        assert decode_calls(tr) == expected
+    assert tried == [4, 2, 1] and tr.runner.slot_cap == 1 and tr.runner.counts.caches == 1
+    assert "slots tried: 4, 2, 1; decoding with 1" in caplog.text
+    monkeypatch.setattr(model, "new_cache", lambda *a, **k: small_device(2, *a[1:], **k))  # not even one fits
+    engine = Engine(model, CFG, SchedulerConfig(max_batch_sentences=4, capacity=4))
+    with pytest.raises(torch.OutOfMemoryError, match="KV cache; slots tried: 4, 2, 1"):
+        engine.decode(tr.encode(CALLS[1]))
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_closing_frees_the_cache_without_a_garbage_collection(demo_model_dir, static):
+    """No reference cycle holds a decode's cache (the engine's static index buffer once held a bound
+    method of the engine): reference counting alone frees it."""
+    gc.collect()
+    gc.disable()
+    try:
+        tr = Translator.load(str(demo_model_dir), max_batch_size=4)
+        tr.decode_ids(tr.encode(CALLS[1]), CFG, static=StaticStep() if static else None)
+        cache, state = weakref.ref(tr.runner.cache), weakref.ref(tr.runner.state)
+        tr.close()
+        assert cache() is None and state() is None
+        engine = Engine(tr.checkpoint.model, CFG, SchedulerConfig(max_batch_sentences=2, capacity=2),
+                        static=StaticStep() if static else None)  # an engine with a runner of its own
+        engine.decode(tr.encode(CALLS[1]))
+        cache = weakref.ref(engine.cache)
+        del engine
+        assert cache() is None
+    finally:
+        gc.enable()
+
+
+def test_every_tensor_the_runner_makes_is_on_its_device(demo_model_dir):
+    model = Translator.load(str(demo_model_dir), device="meta").checkpoint.model
+    runner = DecodeRunner(model, capture=Rerun)
+    with torch.device("cpu"):  # anything created without device= would land here, not on meta
+        slots = runner.reserve(CacheNeed(4, 3, 9, 13, static=True), pad=model.config.pad_token_id)
+        made = [runner.norm(1.0, 14), runner.beams(3)]
+        copier = runner.copier(64, 2)
+        static = runner.static_indices(slots, 3, True, copier)
+        made += [static.all_rows, static.all_slots]
+    made += [getattr(x, f) for x in (runner.cache, runner.state) for f in x.__dataclass_fields__
+             if isinstance(getattr(x, f), torch.Tensor)]
+    assert slots == 4 and len(made) > 12 and {t.device.type for t in made} == {"meta"}
+    assert runner.held_bytes() > 0 and copier.device.type == "meta"
+
+
+def test_a_cuda_runner_enters_its_device_index(demo_model_dir, monkeypatch):
+    """On CPU, as far as CPU can show it: device N becomes the current device, each call runs inside
+    ``torch.cuda.device(N)``, and the capture stream is made on N."""
+    calls = []
+
+    @contextlib.contextmanager
+    def entered(device):
+        calls.append(("device", torch.device(device)))
+        yield
+
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", torch.device(device))))
+    monkeypatch.setattr(torch.cuda, "device", entered)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: calls.append(("stream", device)) or object())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+
+    class OnGpu3:
+        device = torch.device("cuda:3")
+
+    runner = DecodeRunner(OnGpu3())
+    with runner.scope():
+        graph = runner.graph(8, ("search",))
+    assert calls == [("set_device", torch.device("cuda:3")), ("device", torch.device("cuda:3")),
+                     ("stream", torch.device("cuda:3"))]
+    assert graph.pool == "pool" and runner.graph(8, ("search",)) is graph  # one per bucket
+
+
+def test_the_identity_gather_is_a_view():
+    cache = KVCache.empty(layers=1, heads=1, head_dim=2, slots=3, beam_size=2, source_capacity=4,
+                          dtype=torch.float32, device=torch.device("cpu"), zeroed=True, target_capacity=6)
+    cache.ancestry.copy_(torch.randint(0, 6, (6, 6)))
+    every = torch.arange(6)
+    at = cache.step_at(torch.zeros(6, dtype=torch.long), every, torch.full((6,), 2), every, torch.arange(3), t=3,
+                       s=4, shared=True, first=0)
+    assert at.ancestry.data_ptr() == cache.ancestry.data_ptr() and at.ancestry.is_contiguous()  # no copy
+    assert torch.equal(at.ancestry, cache.ancestry[:3].index_select(1, every))
+    some = torch.arange(2, 6)
+    at = cache.step_at(torch.zeros(4, dtype=torch.long), some, torch.full((4,), 2), some, torch.arange(1, 3), t=3,
+                       s=4, shared=True, first=1)
+    assert at.ancestry.data_ptr() != cache.ancestry.data_ptr()
+    assert torch.equal(at.ancestry, cache.ancestry[:3, 2:])
