@@ -6,8 +6,15 @@
 Same model, input, beam, length penalty and thread count for every system, in one process,
 interleaved; model loading and a warm-up batch are excluded. Reports target tokens/s (median and
 spread), ours/CT2 and ours/HF ratios, sacreBLEU, peak-RSS growth, FLOPs per target token, achieved
-GFLOP/s and its share of a GEMM probe's peak, and (``--profile``) where ours' time goes by phase
+GFLOP/s and its share of two peaks, and (``--profile``) where ours' time goes by phase
 (``benchmarks/step_profile.py``). Writes ``<out>.md`` and ``<out>.json``.
+
+The peaks: the measured GEMM peak (``benchmarks.peers.gemm_probe``: the faster of torch's default
+matmul and oneDNN's prepacked kernel, 1024^3, best of 5 windows) and the ISA's theoretical peak,
+cores (``--threads``) x GHz x float32 FLOP/cycle (``raymt.workers.isa``: 2 FMA units x 16 lanes x 2
+on AVX-512, x 8 lanes on AVX2), the clock read from cpufreq or /proc/cpuinfo and named in the report.
+An AVX2-only CPU is emulated on an AVX-512 one with ``ATEN_CPU_CAPABILITY=avx2
+ONEDNN_MAX_CPU_ISA=AVX2 RAYMT_NATIVE_MARCH=x86-64-v3`` before the command.
 """
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ import torch
 from benchmarks.peers import (
     PeerRun,
     ctranslate2_system,
-    gemm_peak_gflops,
+    gemm_probe,
     hf_system,
     ours,
     rows,
@@ -34,6 +41,8 @@ from benchmarks.step_profile import step_breakdown
 from raymt.workers.config import FAST_PRUNING, SearchConfig
 from raymt.workers.engine import DecodeStats
 from benchmarks.flops import flops_per_target_token
+from raymt.workers.isa import detect as detect_isa
+from raymt.workers.isa import theoretical_peak_gflops
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.speedups import EXACT, CpuSpeedups
 from raymt.workers.translator import Translator
@@ -44,7 +53,7 @@ INT8 = replace(EXACT, int8=True)
 
 
 def add_flops(table: list[dict], translator: Translator, lines: list[str], beam: int, peak: float,
-              fan_out: float) -> None:
+              fan_out: float, isa_peak: float = 0.0) -> None:
     tok = translator.checkpoint.tokenizer
     src_len = sum(len(tok.encode(x)) for x in lines) / len(lines)
     for row in table:
@@ -54,6 +63,8 @@ def add_flops(table: list[dict], translator: Translator, lines: list[str], beam:
         row["mflop_per_token"] = round(fpt / 1e6, 2)
         row["gflop_per_s"] = round(fpt * row["tokens_per_s"] / 1e9, 2)
         row["share_of_gemm_peak"] = round(fpt * row["tokens_per_s"] / 1e9 / peak, 4)
+        if isa_peak > 0:
+            row["share_of_isa_peak"] = round(fpt * row["tokens_per_s"] / 1e9 / isa_peak, 4)
 
 
 BASELINE = ("baseline: fp32 torch layers, per-sentence cached cross-attn K/V, growing time-major self-attn cache, "
@@ -126,11 +137,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.shortlist:
         shortlist = load_shortlist(args.shortlist, translator.checkpoint.tokenizer, top_m=args.shortlist_m, top_n=100,
                                    special_ids=translator.special_target_ids())
-    peak = gemm_peak_gflops(args.threads)
+    probe, isa = gemm_probe(args.threads), detect_isa()
+    peak, (isa_peak, isa_how) = probe.peak, theoretical_peak_gflops(args.threads, isa)
     report = {"model": args.model, "threads": args.threads, "repeats": args.repeats, "gemm_peak_gflops": round(peak, 1),
+              "gemm_probe": {"torch_matmul": round(probe.torch_matmul, 1), "onednn": round(probe.onednn, 1)},
+              "isa": isa.describe(), "isa_peak_gflops": round(isa_peak, 1), "isa_peak": isa_how,
               "best": {"pruning": BEST_PRUNING.signature(), "shortlist": args.shortlist}, "tables": {}}
     md = [f"# Peer benchmark\n\nmodel `{args.model}`, {args.threads} threads, median of {args.repeats} interleaved "
-          f"runs; GEMM probe {peak:.0f} GFLOP/s. Ratios are within one run.\n"]
+          f"runs; {isa.describe()}; GEMM probe {peak:.0f} GFLOP/s (torch matmul {probe.torch_matmul:.0f}, oneDNN "
+          f"{probe.onednn:.0f}); ISA peak {isa_peak:.0f} GFLOP/s = {isa_how}. Ratios are within one run.\n"]
     tmp = work_dir()
     count = lambda text: len(translator.checkpoint.tokenizer.target_spm.encode(text))  # noqa: E731
     for beam in map(int, args.beams.split(",")):
@@ -159,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
             run(systems, lines, args.repeats)
             fan_out = (best_stats.row_steps - rows_before) / max(best_stats.target_tokens - tokens_before, 1)
             table = rows(systems, refs, count)
-            add_flops(table, translator, lines, beam, peak, fan_out)
+            add_flops(table, translator, lines, beam, peak, fan_out, isa_peak)
             by_name = {r["system"]: r["tokens_per_s"] for r in table}
             ratios = {f"{a} / {b}": round(by_name[a] / by_name[b], 3) for a, b in RATIOS
                       if a in by_name and b in by_name}

@@ -8,6 +8,12 @@ Per decoder row and step (one beam expanding one token), at target position t:
                   + 4 E^2 [cross q,o] + 4 S E [cross attention] + 4 E F [ffn])
     + 2 E V_out  [output layer; V_out = shortlist size when one is used]
 A generated target token costs ``fan_out`` row-steps (the beam width actually expanded).
+
+Checked against torch's FLOP counter on the model itself (``tests/benchmarks/test_bench.py``): the
+GEMM terms are exact. For exact beam search (``fan_out`` = K) the count is a lower bound of the work
+done: the EOS step and steps a beam runs past the hypothesis it returns are not counted (base model,
+64 Multi30k lines, beam 5: 5.45 decoder rows per output token, 346 MFLOP/token counted by torch
+against 298 here).
 """
 from __future__ import annotations
 

@@ -153,5 +153,6 @@ def theoretical_peak_gflops(cores: int, isa: CpuIsa | None = None, fma_units: in
     isa = isa or detect()
     ghz, source = cpu_ghz()
     per_cycle = isa.fp32_flops_per_cycle(fma_units)
-    how = f"{cores} cores x {ghz:.3f} GHz ({source or 'unknown'}) x {per_cycle} FLOP/cycle ({isa.level}, {fma_units} FMA units)"
+    how = (f"{cores} cores x {ghz:.3f} GHz ({source or 'unknown'}) x {per_cycle} FLOP/cycle "
+           f"({isa.level}, {fma_units} FMA units)")
     return cores * ghz * per_cycle, how

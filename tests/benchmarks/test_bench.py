@@ -34,7 +34,11 @@ def test_peer_benchmark_smoke(demo_model_dir, tmp_path):
     beam2 = report["tables"]["multi30k/beam2"]["identical_outputs"]  # same search rules, same outputs
     assert beam2["ours-exact = hf"] == beam2["ours-exact-k = ct2-float32"] == beam2["ours-plain = ours-exact"] == 40
     assert all(r["tokens_per_s"] > 0 and 0 < r["share_of_gemm_peak"] for r in table["rows"])
-    assert report["gemm_peak_gflops"] > 0
+    assert report["gemm_peak_gflops"] > 0 and report["gemm_probe"]["torch_matmul"] > 0
+    float32 = [r for r in table["rows"] if r["system"] in ("ours-exact", "ct2-float32", "hf")]
+    assert all(r["share_of_gemm_peak"] < 1 for r in float32)  # no float32 decoder outruns the GEMM it runs on
+    if report["isa_peak_gflops"] > 0:  # (a clock was readable)
+        assert all(r["share_of_isa_peak"] > 0 for r in table["rows"]) and "FLOP/cycle" in report["isa_peak"]
 
 
 def test_streaming_policies_against_batch_decoding(demo_model_dir, tmp_path):
@@ -59,6 +63,38 @@ def test_flop_formula_by_hand():
     assert decoder_flops_per_row_step(cfg, 3, 2, output_size=10) == 128 + 32 + 64 + 48 + 128 + 80
     assert flops_per_target_token(cfg, source_length=3, target_length=4, fan_out=2) > \
         flops_per_target_token(cfg, source_length=3, target_length=4, fan_out=1)
+
+
+def test_flop_formula_counts_what_the_model_multiplies():
+    """The formula's GEMM terms against torch's FLOP counter on a teacher-forced forward of a random
+    model (B sentences of S source and T target tokens): every linear layer, the cached cross-attention
+    K/V and the output layer. The counter does not see attention's score and weighted-sum products
+    (scaled_dot_product_attention), so those terms are taken off by hand: 4 S E per encoder token and
+    layer, 4 T E (causal, computed in full) + 4 S E per target position and decoder layer."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from benchmarks.flops import encoder_flops_per_source_token
+    from raymt.workers.model import MarianModel
+
+    cfg = ModelConfig(vocab_size=301, decoder_vocab_size=301, d_model=64, encoder_layers=2, decoder_layers=3,
+                      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=256,
+                      pad_token_id=300, decoder_start_token_id=300)
+    b, s, t, e = 3, 7, 5, 64
+    src, tgt = torch.randint(0, 299, (b, s)), torch.randint(0, 299, (b, t))
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        MarianModel(cfg).eval()(src, torch.ones(b, s, dtype=torch.bool), tgt)
+    formula = b * s * encoder_flops_per_source_token(cfg, s) + b * t * decoder_flops_per_row_step(cfg, s, t)
+    attention = b * s * 2 * 4 * s * e + b * t * 3 * (4 * t * e + 4 * s * e)
+    assert counter.get_total_flops() == formula - attention
+
+
+def test_gemm_probe_reads_both_kernels():
+    from benchmarks.peers import gemm_probe
+
+    probe = gemm_probe(threads=1, size=128, seconds=0.05)
+    assert probe.torch_matmul > 0 and probe.peak == max(probe.torch_matmul, probe.onednn)
 
 
 def test_ctranslate2_is_resident_only_during_its_own_runs(demo_model_dir, tmp_path):
