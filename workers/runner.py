@@ -87,7 +87,7 @@ class DecodeRunner:
         self._graphs: dict[int, tuple[tuple, GraphedStep]] = {}  # bucket -> (what it was captured for, graph)
         self._stream = self._pool = None
         self._capture_tried: list[int] = []  # buckets whose capture ran out of memory
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)  # this actor's thread: device N from here on
 
     # ------------------------------------------------------------------ device
@@ -234,6 +234,7 @@ class DecodeRunner:
         held = self._graphs.get(slots)
         if held is None or held[0] != key:
             self._graphs.pop(slots, None)  # (its graph's memory returns to the pool first)
+            self._graphs = {b: v for b, v in self._graphs.items() if v[0][0] == self.generation}  # stale ones too
             if self.device.type == "cuda" and self._stream is None:
                 self._stream, self._pool = torch.cuda.Stream(device=self.device), torch.cuda.graph_pool_handle()
             graph = GraphedStep()  # (made without arguments: a stand-in that runs steps eagerly may replace it)

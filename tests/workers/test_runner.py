@@ -105,11 +105,27 @@ def test_a_failed_capture_decodes_eagerly_with_one_warning(demo_model_dir, expec
     assert "\n" not in warnings[0] and tr.runner.counts.captures == 1  # (not tried again for the bucket)
 
 
-def test_warm_up_and_capture_run_on_one_stream_and_replays_follow():
-    seen = []
-    graph = GraphedStep(stream=None, capture=lambda step, stream, pool: seen.append(stream) or Rerun(step, 0, 0))
+def test_warm_up_and_capture_run_on_one_stream_and_replays_follow(monkeypatch):
+    """The first step runs on the side stream the capture then records on (torch's stream calls
+    answered on the CPU); the second is captured there, later ones replay it."""
+    entered = []
+
+    class Stream:
+        def wait_stream(self, other) -> None:
+            pass
+
+    @contextlib.contextmanager
+    def on(stream):
+        entered.append(stream)
+        yield
+
+    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    side, captured_on = Stream(), []
+    graph = GraphedStep(stream=side, capture=lambda step, stream, pool: captured_on.append(stream) or Rerun(step, 0, 0))
     outputs = [graph.run(lambda i=i: torch.tensor([i])) for i in range(3)]
-    assert seen == [None] and [int(x) for x in outputs] == [0, 1, 1]  # (the captured step replays)
+    assert entered == [side] and captured_on == [side]  # warm-up and capture: one stream
+    assert [int(x) for x in outputs] == [0, 1, 1] and graph.graph is None  # (the captured step replays)
 
 
 def test_out_of_memory_capturing_names_the_slots_tried_and_shrinks_the_bucket(demo_model_dir, expected):
