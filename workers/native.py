@@ -23,7 +23,9 @@ registered as torch operators (``torch.ops.raymt.*``, named in profiles) and is 
 * ``x86-64-v4`` (AVX-512 F/BW/VL/DQ/CD) where ATen dispatches to AVX512;
 * ``x86-64-v3`` (AVX2, FMA, F16C, BMI) where it dispatches to AVX2 (AMD Zen 2/3, older Intel);
 * ``portable``: no ``-march`` (the compiler's baseline, ATen's scalar ``DEFAULT`` vector types)
-  elsewhere, aarch64 included, and as the fallback when the build above fails.
+  elsewhere, aarch64 included, and as the fallback when the build above fails. Its log-softmax is
+  bit-equal to ATen's where ATen runs its scalar kernels too; beside ATen's AVX2/AVX-512 kernels it
+  sums in another order (equal to ~1e-6, as the attention kernels are).
 
 ``RAYMT_NATIVE_MARCH`` (``x86-64-v4``, ``x86-64-v3`` or ``portable``) forces one, never above what
 the CPU runs: ``RAYMT_NATIVE_MARCH=x86-64-v3`` with ``ATEN_CPU_CAPABILITY=avx2
