@@ -23,7 +23,7 @@ class BatchingDefaults:
       0.70 to 0.97 on Multi30k's lengths and from 0.67 to 0.87 on WMT22's (0.89 / 0.84 with the
       readback every 4 steps, when slots free). 1024 slots (the bench's largest capacity; fitted to free
       memory per call, ``Translator``), read back every 4 steps so the host runs ahead of the device.
-      Not yet measured on a GPU: ``bash benchmarks/gpu_checks.sh 1`` times these defaults against HF.
+      Not yet measured on a GPU: ``python -m benchmarks.gpu_check`` times these defaults against HF.
     """
 
     max_batch_size: int  # slots, in sentences
