@@ -22,6 +22,10 @@ Each step, for the sentences the scheduler planned:
 A sentence's result does not depend on which others share its steps, so every policy returns what
 batch decoding returns (tests/workers/test_engine.py, test_stream.py).
 
+An engine is one decode call: the KV cache, the beam state, the static step's buffers and its
+captured graph belong to the runner (``workers/runner.py``), built once per actor and reused by
+every call; the engine fills its slots.
+
 The model interface the engine uses (``MarianModel``; the tests' scripted stub): ``config``,
 ``device``, ``ops``, ``new_cache``, ``encode``, ``cross_kv``, ``output_head`` and ``decode_step``.
 """
@@ -236,7 +240,7 @@ class Engine:
         finished sentences' hypotheses)."""
         ix = self._indices(plan, requests)
         self.stats.record_step(ix.live_rows, len(plan.expand))
-        if self._graph is not None:  # a static step on a GPU: captured once, then replayed
+        if self._graph is not None:  # a static step on a GPU: captured once per bucket (runner), then replayed
             packed = self._graph.run(lambda: self._device_step(ix))
         else:
             packed = self._device_step(ix)

@@ -112,8 +112,8 @@ class Translator:
         """
         stats = stats if stats is not None else DecodeStats()
         if batching is None and static is not None and shortlist is None and not self.tuner and self.sort_by_length:
-            # the same batches on one engine (FIXED: admit one, no refill until it is done), so the
-            # static step's CUDA graph is captured once per call, not once per batch
+            # the same batches on one engine (FIXED: admit one, no refill until it is done), so every
+            # batch runs in the one bucket whose CUDA graph the runner captured (once per runner)
             batching = batch_schedule(self.max_batch_size)
         if batching is not None:
             try:
