@@ -23,15 +23,20 @@ device's measured copy bandwidth); and one layer's self-attention step: ATen's g
 against the Triton kernel reading through the ancestry in place, against its floor; and one
 layer's cross-attention step: ATen over the step's longest source (a static step's: the cache's
 whole capacity) against the Triton kernel reading each row's own source (``benchmarks/kernels.py``).
+The output-step table runs at vocabularies 8k, 32k and 58k (``--output-vocabs``: OPUS-MT's sizes).
 ``--synthetic-base`` adds a randomly initialised transformer-base-shaped model (d 512, 6+6
-layers, vocabulary 32k, seeded) for GEMM-bound throughput (ours only: no reference outputs).
+layers, vocabulary 32k, seeded), loaded as a checkpoint is, so it runs the engine's operators for
+the device (the Triton kernels on a GPU), dynamic and static step, for GEMM-bound throughput (ours
+only: no reference outputs).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 
@@ -43,7 +48,7 @@ from benchmarks.kernels import attention_rows, output_step_rows, source_attentio
 from raymt.pipeline.reports import SETS, markdown_table, read_lines, write_report
 from raymt.workers.config import ModelConfig, PruningConfig, SearchConfig
 from raymt.workers.device import GPU_DEFAULTS, resolve_device
-from raymt.workers.engine import DecodeStats, Engine, StaticStep
+from raymt.workers.engine import StaticStep
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.speedups import EXACT, CpuSpeedups
 from raymt.workers.translator import Translator
@@ -145,25 +150,41 @@ def rows_of(measured: list[Measured], refs: list[str] | None) -> list[dict]:
             for m in measured]
 
 
-def synthetic_runner(translator: Translator, device: torch.device, dtype: torch.dtype, vocab: int = 32000):
+def synthetic_translator(model_dir: str, device: torch.device, speedups: CpuSpeedups, directory: str,
+                         vocab: int = 32000) -> Translator:
     """A seeded, randomly initialised transformer-base-shaped model (d 512, 6+6 layers, ``vocab``
-    target ids) fed the demo tokenizer's ids (mod ``vocab``); outputs are capped at 1.5 x source + 10
-    tokens (a random model rarely ends by itself) and only counted, never detokenised."""
+    target ids) written to ``directory`` with ``model_dir``'s tokenizer files and loaded as any
+    checkpoint is (``Translator.load``): on a GPU it runs the engine's GPU operators (the Triton
+    kernels), as the product does."""
+    from raymt.workers.checkpoint import config_from_hf, save_checkpoint
     from raymt.workers.model import MarianModel
 
-    mc = translator.checkpoint.model.config
+    with open(os.path.join(model_dir, "config.json")) as f:
+        mc = config_from_hf(json.load(f))
     torch.manual_seed(0)
     model = MarianModel(ModelConfig(vocab_size=vocab, decoder_vocab_size=vocab, d_model=512,
                                     pad_token_id=mc.pad_token_id, eos_token_id=mc.eos_token_id,
-                                    decoder_start_token_id=mc.decoder_start_token_id)).eval().to(device=device, dtype=dtype)
+                                    decoder_start_token_id=mc.decoder_start_token_id))
+    files = {}
+    for name in ("source.spm", "target.spm", "vocab.json"):
+        with open(os.path.join(model_dir, name), "rb") as f:
+            files[name] = f.read()
+    save_checkpoint(directory, model, files, dtype=torch.float16)
+    return Translator.load(directory, device=device, speedups=speedups)
 
-    def translate(lines: list[str], beam: int, capacity: int) -> tuple[list[str], int]:
-        sources = sorted(([i % vocab for i in ids] for ids in translator.encode(lines)), key=len)
+
+def synthetic_runner(demo: Translator, base: Translator, static: StaticStep | None = None):
+    """The synthetic base model fed the demo tokenizer's ids (mod its vocabulary); outputs are capped
+    at 1.5 x source + 10 tokens (a random model rarely ends by itself) and only counted, never
+    detokenised. ``static``: the one-shape step (a CUDA graph on a GPU)."""
+    vocab = base.checkpoint.model.config.decoder_vocab_size
+
+    def translate(lines: list[str], beam: int, capacity: int) -> tuple[list[str], int, int]:
+        sources = sorted(([i % vocab for i in ids] for ids in demo.encode(lines)), key=len)
         cfg = SearchConfig(beam_size=beam, max_length_a=1.5, max_length_b=10)
         batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=capacity, capacity=capacity)
-        stats = DecodeStats()
-        Engine(model, cfg, batching, stats=stats).decode(sources)
-        return [""] * len(lines), stats.target_tokens
+        stats = base.decode_ids(sources, cfg, batching=batching, static=static).stats
+        return [""] * len(lines), stats.target_tokens, stats.steps
     return translate
 
 
@@ -179,6 +200,49 @@ def search_runs(translator: Translator, beam: int, n: int, shortlist_path: str |
                                special_ids=translator.special_target_ids())
         runs += [Run("shortlist", exact, topup, shortlist=short), Run("shortlist + pruning", pruned, topup, shortlist=short)]
     return runs
+
+
+def output_tables(args: argparse.Namespace, device: torch.device, translator: Translator, report: dict,
+                  md: list[str]) -> None:
+    """The output step alone at each ``--output-vocabs`` (OPUS-MT's sizes: where the fused top-k
+    matters), then one layer's self- and cross-attention step alone; each table written as it ends."""
+    counts = [int(n) for n in args.output_rows.split(",")]
+    bandwidth = 0.0
+    for vocab in map(int, args.output_vocabs.split(",")):
+        rows, bandwidth = output_step_rows(device, vocab, counts)
+        report["tables"][f"output-step/vocab{vocab}"] = {"rows": rows, "copy_bytes_per_s": bandwidth}
+        md += [f"## The output step alone: log-softmax + top-10 over {vocab} columns (copy bandwidth "
+               f"{bandwidth / 1e9:.0f} GB/s; floor = the logits read once)\n", markdown_table(rows), ""]
+        write_report(args.out, report, md, echo=False)
+    rows = attention_rows(device, translator.checkpoint.model, counts, [16, 64], 257, bandwidth)
+    report["tables"]["self-attention-step"] = {"rows": rows}
+    md += ["## One layer's self-attention step alone: each row over its history, through the ancestry "
+           "(t = 257: a static step's capacity; floor = each row's K/V prefix read once)\n", markdown_table(rows), ""]
+    write_report(args.out, report, md, echo=False)
+    rows = source_attention_rows(device, translator.checkpoint.model, [max(1, n // 5) for n in counts],
+                                 [24, 64], 256, 5, bandwidth)
+    report["tables"]["cross-attention-step"] = {"rows": rows}
+    md += ["## One layer's cross-attention step alone: 5 rows a slot over a source of `length` tokens in a cache of "
+           "256 (s: the positions ATen reads; floor = each slot's K/V read once)\n", markdown_table(rows), ""]
+    write_report(args.out, report, md, echo=False)
+
+
+def synthetic_table(args: argparse.Namespace, device: torch.device, translator: Translator, speedups: CpuSpeedups,
+                    report: dict, md: list[str]) -> None:
+    """The synthetic base-size model on WMT22, beam 5, through the engine's real operators for
+    ``device``: the dynamic step and the static step (a CUDA graph on a GPU) at each capacity."""
+    lines = read_lines(os.path.join(args.data, SETS["wmt22"][0]), args.synthetic_lines or args.lines)
+    with tempfile.TemporaryDirectory(prefix="synthetic-base-") as directory:
+        base = synthetic_translator(args.model, device, speedups, directory)
+    kernels = type(base.checkpoint.model.ops).__name__
+    runners = {"": synthetic_runner(translator, base),
+               "static ": synthetic_runner(translator, base, StaticStep(readback_every=args.readback_every))}
+    measured = [measure(f"ours synthetic-base {kind}top-up {c}", device, lambda x, c=c, r=run: r(x, 5, c), lines,
+                        args.repeats)
+                for kind, run in runners.items() for c in map(int, args.capacities.split(","))]
+    report["tables"]["synthetic-base/beam5"] = {"rows": rows_of(measured, None), "step_ops": kernels}
+    md += [f"## synthetic transformer-base (d 512, 6+6, vocab 32k), WMT22, beam 5, step operators {kernels}; "
+           f"static: read back every {args.readback_every}\n", markdown_table(rows_of(measured, None)), ""]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -201,7 +265,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--search-beam", type=int, default=14, help="beam of the shortlist x pruning table")
     p.add_argument("--shortlist", help="lex.s2t / .vmap table for the search table (M=10, N=100); none: pruning only")
     p.add_argument("--output-rows", default="160,640,2560", help="rows of the output-step table")
+    p.add_argument("--output-vocabs", default="8000,32000,58101",
+                   help="vocabularies of the output-step table (the demo's 8k; 32k; OPUS-MT de-en's 58k)")
     p.add_argument("--synthetic-base", action="store_true")
+    p.add_argument("--synthetic-lines", type=int, default=0, help="WMT22 lines of the synthetic table (0: --lines)")
     p.add_argument("--static", action="store_true", help="also the static step where there is no GPU (eager)")
     p.add_argument("--readback-every", type=int, default=GPU_DEFAULTS.static_step,
                    help="the static step's outcome read back every N steps (also every step, at the largest capacity)")
@@ -288,33 +355,9 @@ def main(argv: list[str] | None = None) -> None:
                    f"{len(lines)} lines (shortlist: {args.shortlist or 'none given'})\n", markdown_table(rows), ""]
             write_report(args.out, report, md, echo=False)
     if "output" in args.tables:
-        vocab = translator.checkpoint.model.config.decoder_vocab_size
-        rows, bandwidth = output_step_rows(device, vocab, [int(n) for n in args.output_rows.split(",")])
-        report["tables"]["output-step"] = {"rows": rows, "copy_bytes_per_s": bandwidth}
-        md += [f"## The output step alone: log-softmax + top-10 over {vocab} columns (copy bandwidth "
-               f"{bandwidth / 1e9:.0f} GB/s; floor = the logits read once)\n", markdown_table(rows), ""]
-        write_report(args.out, report, md, echo=False)
-        rows = attention_rows(device, translator.checkpoint.model, [int(n) for n in args.output_rows.split(",")],
-                              [16, 64], 257, bandwidth)
-        report["tables"]["self-attention-step"] = {"rows": rows}
-        md += ["## One layer's self-attention step alone: each row over its history, through the ancestry "
-               "(t = 257: a static step's capacity; floor = each row's K/V prefix read once)\n", markdown_table(rows), ""]
-        write_report(args.out, report, md, echo=False)
-        rows = source_attention_rows(device, translator.checkpoint.model,
-                                     [max(1, int(n) // 5) for n in args.output_rows.split(",")],
-                                     [24, 64], 256, 5, bandwidth)
-        report["tables"]["cross-attention-step"] = {"rows": rows}
-        md += ["## One layer's cross-attention step alone: 5 rows a slot over a source of `length` tokens in a cache of "
-               "256 (s: the positions ATen reads; floor = each slot's K/V read once)\n", markdown_table(rows), ""]
-        write_report(args.out, report, md, echo=False)
+        output_tables(args, device, translator, report, md)
     if args.synthetic_base:
-        base = synthetic_runner(translator, device, dtype)
-        lines = read_lines(os.path.join(args.data, SETS["wmt22"][0]), args.lines)
-        measured = [measure(f"ours synthetic-base top-up {c}", device, lambda x, c=c: base(x, 5, c), lines, args.repeats)
-                    for c in map(int, args.capacities.split(","))]
-        report["tables"]["synthetic-base/beam5"] = {"rows": rows_of(measured, None)}
-        md += ["## synthetic transformer-base (d 512, 6+6, vocab 32k), WMT22, beam 5\n",
-               markdown_table(rows_of(measured, None)), ""]
+        synthetic_table(args, device, translator, speedups, report, md)
     write_report(args.out, report, md)
 
 

@@ -19,7 +19,7 @@ def test_bench_gpu_smoke_on_the_cpu(demo_model_dir, tmp_path):
     main(["--model", str(demo_model_dir), "--data", str(SHARED_DATA), "--sets", "multi30k", "--lines", "12",
           "--beams", "2", "--hf-batches", "4,12", "--capacities", "4", "--batching-beams", "2", "--batch-sentences", "4",
           "--search-beam", "3", "--shortlist", lex, "--output-rows", "4", "--repeats", "1", "--device", "cpu",
-          "--synthetic-base", "--static", "--out", str(out)])
+          "--synthetic-base", "--synthetic-lines", "3", "--static", "--out", str(out)])
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["device"] == "CPU" and report["dtype"] == "torch.float32"
     peers = report["tables"]["multi30k/beam2"]
@@ -34,16 +34,21 @@ def test_bench_gpu_smoke_on_the_cpu(demo_model_dir, tmp_path):
     assert peers["ours_best_over_hf_best"] > 0
     batching = {r["system"] for r in report["tables"]["multi30k/batching/beam2"]["rows"]}
     assert batching == {"GREEDY", "FIXED", "VAR-BATCH", "VAR-STREAM", "VAR-STR-FIFO"}
-    assert report["tables"]["synthetic-base/beam5"]["rows"][0]["target_tokens"] > 0
+    synthetic = report["tables"]["synthetic-base/beam5"]
+    assert [r["system"] for r in synthetic["rows"]] == ["ours synthetic-base top-up 4",
+                                                       "ours synthetic-base static top-up 4"]
+    assert synthetic["step_ops"] != "AtenOps" or report["device"] == "CPU"  # (a GPU's: the Triton kernels)
+    assert all(r["target_tokens"] > 0 for r in synthetic["rows"])
     topup = {r["system"]: r for r in report["tables"]["multi30k/topup/beam2"]["rows"]}
     assert set(topup) == {"mini-batch", "maxi-batch", "top-up", "top-up + maxi-batch"}
     assert len({r["bleu"] for r in topup.values()}) == 1  # exact search under every batching
     search = {r["system"]: r for r in report["tables"]["multi30k/search/beam3"]["rows"]}
     assert set(search) == {"exact", "pruning", "shortlist", "shortlist + pruning"}
     assert search["shortlist"]["bleu"] != search["exact"]["bleu"]  # every third id: a visibly different search
-    output = report["tables"]["output-step"]["rows"]
-    assert {(r["logits"], r["kernel"]) for r in output} == {("float32", "aten"), ("bfloat16", "aten")}  # no GPU
-    assert all(r["rows"] == 4 and r["vocab"] == 8001 and 0 < r["floor_share"] for r in output)
+    for vocab in (8000, 32000, 58101):
+        output = report["tables"][f"output-step/vocab{vocab}"]["rows"]
+        assert {(r["logits"], r["kernel"]) for r in output} == {("float32", "aten"), ("bfloat16", "aten")}  # no GPU
+        assert all(r["rows"] == 4 and r["vocab"] == vocab and r["us"] > 0 and r["floor_us"] > 0 for r in output)
     attention = report["tables"]["self-attention-step"]["rows"]
     assert {(r["history"], r["t"]) for r in attention} == {(16, 16), (16, 257), (64, 64), (64, 257)}
     assert {r["kernel"] for r in attention} == {"aten gather"} and all(r["floor_share"] > 0 for r in attention)

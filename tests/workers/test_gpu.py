@@ -78,29 +78,54 @@ def test_the_decoder_worker_decodes_on_its_gpu(demo_model_dir, tmp_path):
     assert worker.translator.checkpoint.model.device.type == "cuda"  # auto picks the GPU where there is one
 
 
-def test_the_static_step_on_cuda_decodes_as_the_dynamic_one(cuda, monkeypatch):
+def test_the_static_step_on_cuda_decodes_as_the_dynamic_one(cuda, demo_model_dir, monkeypatch):
     """Graph replay equals the same static step run eagerly, token for token (the same shapes, the
     same kernels); the static step equals the dynamic one but for rare near-ties (other row counts
-    per step: cuBLAS may sum in another order)."""
-    from raymt.workers import engine as engine_module
-    from raymt.workers.engine import Engine, StaticStep
+    per step: cuBLAS may sum in another order). Replays are counted on torch's graph class; the
+    eager run swaps the graph wrapper (``GraphedStep``, wherever the engine's modules hold it) for
+    one that runs every step, in a translator of its own (a translator keeps its captured steps)."""
+    import importlib
+
+    from raymt.workers.engine import StaticStep
+
+    class Eager:
+        graph = None
+
+        def run(self, step):
+            return step()
+
+    replays, replay = [0], torch.cuda.CUDAGraph.replay
+
+    def counted(graph):
+        replays[0] += 1
+        return replay(graph)
 
     src, _ = lines(96)
-    sources = cuda.encode(src)
+    sources, cfg = cuda.encode(src), SearchConfig(beam_size=5)
     sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=32, capacity=32)
-    model = cuda.checkpoint.model
-    dynamic = [h[0].tokens for h in Engine(model, SearchConfig(beam_size=5), sched).decode(sources)]
+    dynamic = [h[0].tokens for h in cuda.decode_ids(sources, cfg, batching=sched).hypotheses]
     for every, late in ((1, False), (4, False), (4, True)):  # (late: read back through pinned memory, a step on)
         static = StaticStep(readback_every=every, late=late)
-        graphed = Engine(model, SearchConfig(beam_size=5), sched, static=static)
-        replayed = [h[0].tokens for h in graphed.decode(sources)]
-        assert graphed._graph is not None and graphed._graph.graph is not None  # captured, then replayed
+        with monkeypatch.context() as m:
+            m.setattr(torch.cuda.CUDAGraph, "replay", counted)
+            decoded = cuda.decode_ids(sources, cfg, batching=sched, static=static)
+        replayed = [h[0].tokens for h in decoded.hypotheses]
+        assert replays[0] > 0, "the static step was never replayed from a graph"
+        replays[0] = 0
         with monkeypatch.context() as m:  # the same static step, every step run eagerly
-            m.setattr(engine_module, "GraphedStep", type("Eager", (), {"graph": None, "run": lambda self, f: f()}))
-            eager = Engine(model, SearchConfig(beam_size=5), sched, static=static)
-            assert [h[0].tokens for h in eager.decode(sources)] == replayed  # replay = eager, token for token
+            for name in ("engine", "runner"):
+                try:
+                    module = importlib.import_module(f"raymt.workers.{name}")
+                except ImportError:
+                    continue
+                if hasattr(module, "GraphedStep"):
+                    m.setattr(module, "GraphedStep", Eager)
+            eager_translator = Translator.load(str(demo_model_dir), device="cuda")
+            eager = [h[0].tokens for h in eager_translator.decode_ids(sources, cfg, batching=sched,
+                                                                      static=static).hypotheses]
+        assert replays[0] == 0 and eager == replayed  # replay = eager, token for token
         assert sum(a == b for a, b in zip(replayed, dynamic)) >= 0.97 * len(src)
-        assert graphed.stats.syncs <= graphed.stats.steps / every + 2
+        assert decoded.stats.syncs <= decoded.stats.steps / every + 2
 
 
 def test_a_gpu_decoder_gets_the_fused_triton_output_step(cuda):
