@@ -50,8 +50,9 @@ class Translator:
     sort_by_length: bool = True  # streaming: feed sources sorted by length (bucketing) or as given
     tuner: BatchTuner | None = None  # closed-loop batch size (batch mode); None: max_batch_size
     # the decoder's long-lived state (KV cache, beam state, graphs, staging): built on the first
-    # decode, reused by every later one (``workers/runner.py``); ``close`` frees it
-    _runner: DecodeRunner | None = field(default=None, init=False, repr=False, compare=False)
+    # decode, reused by every later one (``workers/runner.py``) and by copies made with
+    # ``dataclasses.replace`` (one cache per model); ``close`` frees it
+    _runner: DecodeRunner | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def load(cls, model: str | Reader, *, threads: int | None = None, max_batch_size: int = DEFAULTS.batching.max_batch_size,

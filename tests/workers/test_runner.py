@@ -4,6 +4,7 @@ capture decodes eagerly, out of memory shrinks the slots and says which sizes we
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import weakref
@@ -80,6 +81,7 @@ def test_one_runner_serves_every_call_with_one_cache(demo_model_dir, expected):
     long = ["Ein Mann " + "und ein Hund " * 12 + "laufen."]  # a longer source than the cache holds: it grows
     tr.decode_ids(tr.encode(long), CFG)
     assert runner.counts.caches == 2 and runner.cache.cross_k.shape[3] >= len(tr.encode(long)[0])
+    assert dataclasses.replace(tr, max_batch_size=2).runner is runner  # a copy decodes on the same cache
 
 
 def test_the_static_step_is_captured_once_per_bucket_across_calls(demo_model_dir, expected):
