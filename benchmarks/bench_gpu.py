@@ -1,18 +1,18 @@
-"""GPU throughput: ours vs HF ``generate`` on one device, same model and input, and the seeds'
+"""GPU throughput: ours vs HF ``generate`` on one device, same model and input, and the papers'
 batching tables on our engine.
 
-    python -m benchmarks.bench_gpu --data data-gpu --out docs/results/gpu-h100               # on a lent GPU
+    python -m benchmarks.bench_gpu --data data-gpu --out docs/results/gpu-h100               # on a GPU machine
     python -m benchmarks.bench_gpu --lines 24 --beams 2 --hf-batches 8 --capacities 8 \\
         --tables peers --out /tmp/gpu-smoke                                        # smoke (CPU in CI)
 
 Runs where only torch, transformers, sentencepiece, safetensors, sacrebleu and pyarrow are
-installed (the lent GPU machines: no Ray, no CTranslate2). The device is ``--device`` (auto: the
+installed (GPU machines without Ray, no CTranslate2). The device is ``--device`` (auto: the
 first CUDA device, else the CPU) and is named in the report with torch's own description of it.
 Per set and beam: HF at each ``--hf-batches`` (length-sorted batches) and ours (top-up, refilling
 at the GPU's default threshold) at each ``--capacities``, dynamic and (on a GPU) static step, the
 largest capacity's static step also read back every step and read a step late -> target tokens/s,
 BLEU, peak device memory; the ratio ours-best / HF-best.
-``--tables batching`` adds the seeds' tables (benchmarks/bench_batching.py: FIXED / VAR-BATCH /
+``--tables batching`` adds the papers' tables (benchmarks/bench_batching.py: FIXED / VAR-BATCH /
 VAR-STREAM / VAR-STR-FIFO at k=5 and 50; mini-batch / maxi-batch / top-up) on the same device.
 ``--tables topup`` adds the top-up paper's mini-batch / maxi-batch / top-up table; ``--tables search``
 the shortlist on/off x pruning on/off table at beam 14 (``--shortlist``: a lex.s2t or .vmap table,
@@ -189,7 +189,7 @@ def synthetic_runner(demo: Translator, base: Translator, static: StaticStep | No
 
 
 def search_runs(translator: Translator, beam: int, n: int, shortlist_path: str | None) -> list[Run]:
-    """Shortlist on/off x pruning on/off, top-up batching, beam ``beam``: the seeds' GPU search table."""
+    """Shortlist on/off x pruning on/off, top-up batching, beam ``beam``: the papers' GPU search table."""
     exact = SearchConfig(beam_size=beam, max_length_a=1.5, max_length_b=10, max_decoding_length=256)
     pruned = replace(exact, pruning=PruningConfig(delta=1.5, mc=min(5, beam)))
     topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=n, capacity=n)
@@ -259,9 +259,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     half.add_argument("--bf16", action="store_true", help="ours and HF in bfloat16 (log-softmax and scores stay float32)")
     half.add_argument("--fp16", action="store_true", help="ours and HF in float16 (log-softmax and scores stay float32)")
     p.add_argument("--tables", default="peers,batching,topup,search,output",
-                   help="peers (ours vs HF); the seeds' tables: batching, topup, search; output (the output step alone)")
-    p.add_argument("--batching-beams", default="5,50", help="beams of the seeds' batching tables")
-    p.add_argument("--batch-sentences", type=int, default=32, help="n of the seeds' batching tables")
+                   help="peers (ours vs HF); the papers' tables: batching, topup, search; output (the output step alone)")
+    p.add_argument("--batching-beams", default="5,50", help="beams of the papers' batching tables")
+    p.add_argument("--batch-sentences", type=int, default=32, help="n of the papers' batching tables")
     p.add_argument("--search-beam", type=int, default=14, help="beam of the shortlist x pruning table")
     p.add_argument("--shortlist", help="lex.s2t / .vmap table for the search table (M=10, N=100); none: pruning only")
     p.add_argument("--output-rows", default="160,640,2560", help="rows of the output-step table")
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
                 run_all(batched, subset, runs, args.repeats)
                 rows = table(runs, refs[:len(subset)], "FIXED")
                 report["tables"][f"{set_name}/batching/beam{beam}"] = {"rows": rows, "targets": targets(rows)}
-                md += [f"## {set_name}, seeds' batching table, k={beam}, {len(subset)} lines\n", markdown_table(rows), ""]
+                md += [f"## {set_name}, papers' batching table, k={beam}, {len(subset)} lines\n", markdown_table(rows), ""]
                 write_report(args.out, report, md, echo=False)
         if "topup" in args.tables:
             beam = int(args.batching_beams.split(",")[0])

@@ -3,7 +3,7 @@
     python -m benchmarks.gpu_data                                   # here: data-gpu/ (carry it)
     PYTHONPATH=. python -m benchmarks.gpu_check --out $OUT          # on the GPU machine
     python -m benchmarks.gpu_check --out /tmp/check --device cpu    # the dry run, here (small sizes)
-    PYTHONPATH=. python -m benchmarks.gpu_check --out $OUT --long seeds   # (or base) the long tables
+    PYTHONPATH=. python -m benchmarks.gpu_check --out $OUT --long batching   # (or base) the long tables
 
 Runs each part in its own process under its own time limit (shares of ``--budget-s``): the
 ``gpu``-marked tests and the Triton kernel tests; graph replay = eager; bf16 vs fp32 BLEU; a
@@ -35,7 +35,7 @@ CRASHED = ("FAIL: exit", "FAIL: timed out", "FAIL: no time")  # a part that did 
 # (part, seconds of a 540 s budget); the tests' part runs pytest, the others benchmarks.gpu_check_steps
 PARTS = (("environment", 20), ("tests", 150), ("replay", 55), ("bleu", 50), ("index", 35), ("job", 60),
          ("bench", 70), ("bench_base", 100))
-LONG = {"seeds": (["--sets", "multi30k", "--tables", "batching,topup,search"], 520),
+LONG = {"batching": (["--sets", "multi30k", "--tables", "batching,topup,search"], 520),
         "base": (["--sets", "wmt22", "--beams", "5", "--tables", "peers", "--hf-batches", "128,512", "--repeats", "2",
                   "--synthetic-base", "--capacities", "128,512,1024"], 520)}
 
@@ -221,7 +221,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", help="where gpu_check.tar.gz and summary.md go (e.g. $OUT)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: the dry run at small sizes")
     p.add_argument("--budget-s", type=float, default=540.0, help="wall-clock seconds for everything")
-    p.add_argument("--long", choices=sorted(LONG), help="instead of the check: the long tables (seeds: batching, "
+    p.add_argument("--long", choices=sorted(LONG), help="instead of the check: the long tables (batching: the batching, "
                    "top-up and search tables on Multi30k; base: WMT22 and the synthetic base-size model)")
     p.add_argument("--data", default=first_existing("data-gpu", str(ROOT.parent / "shared" / "data")) or "data-gpu",
                    help="holds multi30k/ and wmt22/ (default: data-gpu/, else ../shared/data)")
