@@ -115,8 +115,8 @@ def ours_runner(translator: Translator, static: StaticStep | None = None, refill
     def translate(lines: list[str], beam: int, capacity: int) -> tuple[list[str], int]:
         batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=capacity, capacity=capacity,
                                    refill_threshold=refill_threshold)
-        decoded = translator.decode_ids(translator.encode(lines), SearchConfig(beam_size=beam), batching=batching,
-                                        static=static)
+        cfg = SearchConfig(beam_size=beam, max_length_a=0.0, max_length_b=256)  # HF's max_new_tokens=256
+        decoded = translator.decode_ids(translator.encode(lines), cfg, batching=batching, static=static)
         stats = decoded.stats
         return [tok.decode(list(h[0].tokens)) for h in decoded.hypotheses], stats.target_tokens, stats.steps
     return translate
