@@ -47,7 +47,7 @@ from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.speedups import EXACT, CpuSpeedups
 from raymt.workers.translator import Translator
 
-BEST_PRUNING = FAST_PRUNING  # the search issue's pick (docs/results/search.md: rp 0.6, within 0.3 BLEU of exact)
+BEST_PRUNING = FAST_PRUNING  # the measured pick (docs/results/search.md: rp 0.6, within 0.3 BLEU of exact)
 INT8 = replace(EXACT, int8=True)
 
 

@@ -1,7 +1,7 @@
 """Native decode-step operators (``workers/csrc/*.cpp``), built on first use and cached.
 
 At decoding shapes a step's work is many small calls, each paying dispatch and allocation; these
-fuse the costliest chains (measured on 2 cores of an AVX512 VM, 160 rows unless said):
+fuse the costliest chains (measured on 2 cores of an AVX-512 x86-64 CPU, 160 rows unless said):
 
 * ``row_top_log_softmax``: log-softmax + ``<pad>`` ban + top-k over the vocabulary as one top-k
   scan and one exp-sum scan per row, the (N, V) log-probs never written (the top-up paper's fused

@@ -36,7 +36,7 @@
 * ``warm_heap``: glibc's allocator serves tensors up to 32 MB from its heap and keeps freed memory
   (``mallopt``; a process setting, applied once) so a step's large tensors (logits, caches) reuse
   warm pages. By default glibc maps each large block fresh and returns it on free, and every step
-  pays page faults on it: on this VM ~80-290k minor faults per 320-line beam-5 run, ~30k with this.
+  pays page faults on it: on 2 cores ~80-290k minor faults per 320-line beam-5 run, ~30k with this.
   Memory freed by decoding stays with the process (up to ``TRIM_MB``) for the next batch.
 
 Cached cross-attention K/V, the time-major self-attention cache and skipping an all-zero logits
@@ -266,7 +266,7 @@ def _packing_for(engine: str):
 
 class Int8Linear:
     """A dynamic int8 linear layer reduced to its kernel call (``torch.ao``'s module checks the dtype
-    and version and converts the result on every call, ~20 us of Python per call on this VM, 19
+    and version and converts the result on every call, ~20 us of Python per call (measured on 2 cores), 19
     calls per decoder step), weights quantised per output channel.
 
     Two kernel libraries, chosen per call by the product's size: FBGEMM (AVX512-VNNI / AVX2;
