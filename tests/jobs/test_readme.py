@@ -1,11 +1,13 @@
-"""The README's set-up commands stay true: the translate command runs as written, and CI runs
-exactly the README's test command."""
+"""The README stays true: its translate command runs as written, CI runs exactly its test command,
+its links resolve and its extras are the package's; and the project's text speaks about the product."""
 from __future__ import annotations
 
 import re
 import shlex
 import subprocess
 import sys
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -32,6 +34,13 @@ def test_readme_translate_command_runs(demo_model_dir, tmp_path):
     assert len(lines) == len((ROOT / "examples" / "sample.de.txt").read_text(encoding="utf-8").split("\n")[:-1])
 
 
+
+def test_readme_python_example_runs():
+    example = re.findall(r"```python\n(.*?)\n```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S)[0]
+    done = subprocess.run([sys.executable, "-c", example], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.strip().splitlines()) == 1 and done.stdout.strip()
+
 def test_readme_is_short_and_its_links_and_the_docs_links_resolve():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) <= 150
@@ -40,10 +49,40 @@ def test_readme_is_short_and_its_links_and_the_docs_links_resolve():
             assert (doc.parent / target).exists(), f"{doc.name} links to {target}, which does not exist"
 
 
+def extras() -> dict[str, list[str]]:
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["optional-dependencies"]
+
+
 def test_readme_extras_are_the_package_extras():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    documented = set(re.findall(r"^\| `(\w+)` \|", readme, flags=re.M))
-    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    section = pyproject.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
-    declared = set(re.findall(r"^(\w+) = \[", section, flags=re.M))
-    assert documented == declared
+    assert set(re.findall(r"^\| `(\w+)` \|", readme, flags=re.M)) == set(extras())
+
+
+def test_the_test_extra_installs_every_other_extra():
+    declared = extras()
+    missing = {extra: sorted(set(packages) - set(declared["test"]))
+               for extra, packages in declared.items() if extra != "test"}
+    assert not any(missing.values()), f"[test] lacks {missing}"
+
+
+HISTORY = re.compile("|".join([  # how the project was developed, never about the product
+    r"\bissue \d+", r"\bsessions? \d+", r"\bthis session\b", r"\bthis VM\b", r"\blent\b", r"\bdevice tool\b",
+    r"\bas of this commit\b", r"\bfirst-hour\b", r"\b(the|this|search) issue\b", r"\bthe issue's\b", r"\bseeds'",
+    r"\bseed papers?\b"]), flags=re.I)
+TEXT_FILES = ("*.py", "*.md", "*.sh", "*.toml", "*.cpp")
+SKIPPED = {".venv", "build", ".git", "data-gpu", "out-gpu", "out", "tmp"}
+
+
+def test_project_text_speaks_about_the_product_only():
+    found = []
+    for pattern in TEXT_FILES:
+        for path in ROOT.rglob(pattern):
+            relative = path.relative_to(ROOT)
+            if SKIPPED & set(relative.parts[:-1]) or relative.parts[0].endswith(".egg-info"):
+                continue
+            for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                if path.name != "test_readme.py" and HISTORY.search(line):
+                    found.append(f"{relative}:{number}: {line.strip()}")
+    assert not found, "development history in the project's text:\n" + "\n".join(found)
