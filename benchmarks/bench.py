@@ -41,8 +41,8 @@ from benchmarks.step_profile import step_breakdown
 from raymt.workers.config import FAST_PRUNING, SearchConfig
 from raymt.workers.engine import DecodeStats
 from benchmarks.flops import flops_per_target_token
+from raymt.workers.isa import bf16_refusal, theoretical_peak_gflops
 from raymt.workers.isa import detect as detect_isa
-from raymt.workers.isa import theoretical_peak_gflops
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.speedups import EXACT, CpuSpeedups
 from raymt.workers.translator import Translator
@@ -164,7 +164,11 @@ def main(argv: list[str] | None = None) -> None:
                      **{name: (lambda p=policy: ours(translator, cfg, batching=SchedulerConfig(
                          policy=p, max_batch_sentences=translator.max_batch_size,
                          capacity=translator.max_batch_size))) for name, policy in POLICIES.items()}}
-        systems = [PeerRun(name, factories[name]()) for name in args.systems.split(",")]
+        names = args.systems.split(",")
+        if "ours+bf16" in names and (why := bf16_refusal(detect_isa())):  # AVX2-only CPUs: no bf16 GEMMs
+            print(f"skipping ours+bf16: {why}")
+            names.remove("ours+bf16")
+        systems = [PeerRun(name, factories[name]()) for name in names]
         for name in args.sets.split(","):
             lines = read_lines(os.path.join(args.data, SETS[name][0]), args.lines)
             refs = read_lines(os.path.join(args.data, SETS[name][1]), args.lines)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.workers.replay_trace import CAPTURED, replay_mismatches, trace_static_decode
+from raymt.workers.isa import bf16_refusal, detect
 from raymt.workers.beams import SlotState
 from raymt.workers.config import PruningConfig, SearchConfig
 from raymt.workers.scheduler import Policy, SchedulerConfig
@@ -43,6 +44,8 @@ def translator(demo_model_dir) -> Translator:
 
 @pytest.fixture(scope="module")
 def bf16(demo_model_dir) -> Translator:
+    if why := bf16_refusal(detect()):
+        pytest.skip(why)
     yield from on_device(demo_model_dir, CpuSpeedups(bf16=True))
 
 
