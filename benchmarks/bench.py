@@ -13,7 +13,8 @@ The peaks: the measured GEMM peak (``benchmarks.peers.gemm_probe``: the faster o
 matmul and oneDNN's prepacked kernel, 1024^3, best of 5 windows) and the ISA's theoretical peak,
 cores (``--threads``) x GHz x float32 FLOP/cycle (``raymt.workers.isa``: 2 FMA units x 16 lanes x 2
 on AVX-512, x 8 lanes on AVX2), the clock read from cpufreq or /proc/cpuinfo and named in the report.
-An AVX2-only CPU is emulated on an AVX-512 one with ``ATEN_CPU_CAPABILITY=avx2
+An AVX2-only CPU is emulated on an AVX-512 one for every system alike (torch, oneDNN, MKL and
+CTranslate2): ``CT2_FORCE_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2
 ONEDNN_MAX_CPU_ISA=AVX2 RAYMT_NATIVE_MARCH=x86-64-v3`` before the command.
 """
 from __future__ import annotations
