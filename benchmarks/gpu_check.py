@@ -1,6 +1,6 @@
 """The GPU check in one call: tests, correctness and a short bench, in at most 9 minutes.
 
-    python -m benchmarks.gpu_data                                   # here: data-gpu/ (carry it)
+    python -m benchmarks.gpu_data                                   # where ../shared is: data-gpu/ (copy it to the GPU machine)
     PYTHONPATH=. python -m benchmarks.gpu_check --out $OUT          # on the GPU machine
     python -m benchmarks.gpu_check --out /tmp/check --device cpu    # the dry run, here (small sizes)
     PYTHONPATH=. python -m benchmarks.gpu_check --out $OUT --long batching   # (or base) the long tables

@@ -1,11 +1,11 @@
-"""What a GPU machine without ``../shared`` needs, prepared here in ``data-gpu/`` (git-ignored; name it
-in the machine's list of carried paths, at most 64 MiB):
+"""What a GPU machine without ``../shared`` needs, prepared in ``data-gpu/`` (git-ignored; copied to
+the GPU machine with the checkout, kept under 64 MiB):
 
     python -m benchmarks.gpu_data [--shared ../shared] [--out data-gpu]
 
 * the test sets the check and the bench read (Multi30k test 2016, WMT22 de-en);
 * ``base-de-en.int8/``: ``../shared/models/base-de-en`` with every matrix stored as int8 rows and
-  one float32 scale a row (half the size of its float16 weights, so it fits the carry limit);
+  one float32 scale a row (half the size of its float16 weights: the folder stays under 64 MiB);
   ``unpack_model`` writes the float16 directory back on the GPU machine. The model's weights were
   int8 rows to begin with (its README), so the round trip changes a weight by at most float16's
   rounding;
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     size = prepare(Path(args.shared), Path(args.out), shortlist=not args.no_shortlist)
-    print(f"{args.out}: {size / 2**20:.1f} MiB{' (over the 64 MiB carry limit)' if size > 64 * 2**20 else ''}")
+    print(f"{args.out}: {size / 2**20:.1f} MiB{' (over 64 MiB)' if size > 64 * 2**20 else ''}")
 
 
 if __name__ == "__main__":
