@@ -2,12 +2,20 @@
 
     python -m benchmarks.bench --model models/demo-de-en --out docs/results/peers            # full (slow)
     python -m benchmarks.bench --sets multi30k --lines 64 --beams 2 --repeats 1 --out /tmp/peers   # smoke
+    python -m benchmarks.bench --best-split --systems ours-exact,ours+int8,ct2-float32,ct2-int8 --profile ""  # splits
 
 Same model, input, beam, length penalty and thread count for every system, in one process,
 interleaved; model loading and a warm-up batch are excluded. Reports target tokens/s (median and
 spread), ours/CT2 and ours/HF ratios, sacreBLEU, peak-RSS growth, FLOPs per target token, achieved
 GFLOP/s and its share of two peaks, and (``--profile``) where ours' time goes by phase
 (``benchmarks/step_profile.py``). Writes ``<out>.md`` and ``<out>.json``.
+
+``--best-split``: each peer also at every way to spend the ``--threads`` cores, workers x threads
+(2 cores: 1x2 and 2x1), and the best of each. CTranslate2: ``inter_threads`` x ``intra_threads`` in
+one process, at every ``--batch-sizes`` (its sub-batches run on the workers at once); ours: that
+many decoder processes (as Ray actors are), each a translator on its threads and its share of the
+lines (``benchmarks.peers.OursDecoders``), at the translator's batch size. Every split measured is
+listed, interleaved like the main table, then the best per system and the ratios of the bests.
 
 The peaks: the measured GEMM peak (``benchmarks.peers.gemm_probe``: the faster of torch's default
 matmul and oneDNN's prepacked kernel, 1024^3, best of 5 windows) and the ISA's theoretical peak,
@@ -23,10 +31,12 @@ import argparse
 import logging
 import os
 from dataclasses import replace
+from typing import Callable
 
 import torch
 
 from benchmarks.peers import (
+    OursDecoders,
     PeerRun,
     ctranslate2_system,
     gemm_probe,
@@ -34,6 +44,7 @@ from benchmarks.peers import (
     ours,
     rows,
     run,
+    splits,
     work_dir,
 )
 from raymt.pipeline.reports import SETS, markdown_table, read_lines, write_report
@@ -108,6 +119,45 @@ def speedup_rows(table: list[dict]) -> list[dict]:
              "bleu": by_name[n]["bleu"], "bleu_change": round(by_name[n]["bleu"] - base["bleu"], 2)} for n, label in steps]
 
 
+SPLIT_SPEEDUPS = {"ours-exact": EXACT, "ours+int8": INT8}
+SPLIT_RATIOS = (("ours-exact", "ct2-float32"), ("ours+int8", "ct2-int8"), ("ours+int8", "ct2-float32"))
+
+
+def split_systems(args: argparse.Namespace, cfg: SearchConfig, translator: Translator, tmp: str) -> list[PeerRun]:
+    """Every system named in ``--systems`` that has a split grid, at every split (and CT2 batch size)."""
+    names = args.systems.split(",")
+    out = []
+    for split in splits(args.threads):
+        out += [PeerRun(f"{name} {split}", OursDecoders(args.model, SPLIT_SPEEDUPS[name], split, cfg))
+                for name in names if name in SPLIT_SPEEDUPS]
+        out += [PeerRun(f"{name} {split} b{batch}", ctranslate2_system(
+                    args.model, name.removeprefix("ct2-"), split.threads, cfg, translator, tmp,
+                    max_batch_size=batch, inter_threads=split.workers))
+                for name in names if name in ("ct2-float32", "ct2-int8")
+                for batch in map(int, args.batch_sizes.split(","))]
+    return out
+
+
+def best_split_table(systems: list[PeerRun], lines: list[str], refs: list[str], repeats: int,
+                     count: Callable[[str], int]) -> tuple[dict, list[str]]:
+    """Time every split (interleaved), then the best per system and the ratios of the bests."""
+    run(systems, lines, repeats)
+    table = []
+    for row in rows(systems, refs, count):
+        system, split, *batch = row.pop("system").split(" ")
+        table.append({"system": system, "split": split, "batch": batch[0].removeprefix("b") if batch else "-", **row})
+    best: dict[str, dict] = {}
+    for row in table:
+        if row["system"] not in best or row["tokens_per_s"] > best[row["system"]]["tokens_per_s"]:
+            best[row["system"]] = row
+    ratios = {f"best {a} / best {b}": round(best[a]["tokens_per_s"] / best[b]["tokens_per_s"], 3)
+              for a, b in SPLIT_RATIOS if a in best and b in best}
+    md = ["#### Every split (workers x threads; CTranslate2: inter x intra threads, batch)\n", markdown_table(table), "",
+          "#### Best split per system\n", markdown_table(list(best.values())), "",
+          "Ratios of the bests: " + ", ".join(f"{k} = {v}" for k, v in ratios.items()), ""]
+    return {"rows": table, "best": list(best.values()), "ratios": ratios}, md
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="models/demo-de-en")
@@ -128,6 +178,9 @@ def main(argv: list[str] | None = None) -> None:
                    "policy over the length-sorted input (32 sentences), against batch decoding (ours-exact)")
     p.add_argument("--profile", default="ours-exact,ours-best",
                    help="systems (ours-*) whose run is profiled by phase after the timing (empty: none)")
+    p.add_argument("--best-split", action="store_true", help="also run ours-exact, ours+int8, ct2-float32 and "
+                   "ct2-int8 (those of --systems) at every workers x threads split of --threads, and report the best of each")
+    p.add_argument("--batch-sizes", default="32,64,128", help="CTranslate2's max_batch_size values under --best-split")
     p.add_argument("--out", default="docs/results/peers")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -193,6 +246,10 @@ def main(argv: list[str] | None = None) -> None:
                 report["tables"][f"{name}/beam{beam}/profile/{system.name}"] = phases
                 md += [f"### Where the time goes: {system.name}, {name}, beam {beam} (shares of one profiled run)\n",
                        markdown_table(phases), ""]
+            if args.best_split:
+                report["tables"][f"{name}/beam{beam}/splits"], split_md = best_split_table(
+                    split_systems(args, cfg, translator, tmp), lines, refs, args.repeats, count)
+                md += [f"### Thread splits, {name}, beam {beam}\n", *split_md]
             steps = speedup_rows(table)
             if len(steps) > 1:
                 report["tables"][f"{name}/beam{beam}/speedups"] = steps

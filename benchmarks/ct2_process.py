@@ -9,7 +9,8 @@ libraries' OpenMP runtimes (each wheel bundles its own libgomp) share the cores.
 CTranslate2 runs it without torch, so the bench does too. This module imports nothing but the
 standard library and ``ctranslate2``: keep it that way.
 
-Protocol (pickles on the pipes): the parent sends ``(path, compute_type, threads)``; the child
+Protocol (pickles on the pipes): the parent sends ``(path, compute_type, intra_threads, inter_threads)``
+(``inter_threads`` batches translated at once, each on ``intra_threads`` threads); the child
 answers ``{"torch_loaded": bool}`` once the model is loaded, then, for each ``(pieces, options)``
 request, the best hypothesis's pieces for every source. EOF on stdin ends the child.
 """
@@ -23,10 +24,10 @@ import sys
 class Ct2Process:
     """A ``ctranslate2.Translator`` in a child process; ``close()`` ends it (and its thread pool)."""
 
-    def __init__(self, path: str, compute_type: str, threads: int) -> None:
+    def __init__(self, path: str, compute_type: str, threads: int, inter_threads: int = 1) -> None:
         self._child = subprocess.Popen([sys.executable, "-m", "benchmarks.ct2_process"], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE)
-        self.ready = self._ask((path, compute_type, threads))
+        self.ready = self._ask((path, compute_type, threads, inter_threads))
 
     def _ask(self, message: object) -> object:
         pickle.dump(message, self._child.stdin)
@@ -50,9 +51,9 @@ def main() -> None:
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     import ctranslate2
 
-    path, compute_type, threads = pickle.load(inp)
-    translator = ctranslate2.Translator(path, device="cpu", compute_type=compute_type, intra_threads=threads,
-                                        inter_threads=1)
+    path, compute_type, intra_threads, inter_threads = pickle.load(inp)
+    translator = ctranslate2.Translator(path, device="cpu", compute_type=compute_type, intra_threads=intra_threads,
+                                        inter_threads=inter_threads)
     pickle.dump({"torch_loaded": "torch" in sys.modules}, out)
     out.flush()
     while True:

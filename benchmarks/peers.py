@@ -14,6 +14,7 @@ median and spread. Ratios within one run are the result.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import resource
 import statistics
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -32,6 +34,7 @@ from raymt.workers.config import SearchConfig
 from raymt.workers.engine import DecodeStats
 from raymt.workers.scheduler import SchedulerConfig
 from raymt.workers.shortlist import Shortlist
+from raymt.workers.speedups import CpuSpeedups
 from raymt.workers.translator import Translator
 
 logger = logging.getLogger(__name__)
@@ -65,20 +68,21 @@ def ours(translator: Translator, cfg: SearchConfig, shortlist: Shortlist | None 
 
 class Ct2Translator:
     """CTranslate2 as a system: source pieces + ``</s>`` as CT2's docs do, ``max_batch_size`` examples
-    per batch (CTranslate2 sorts the input by length into batches). It runs in a child process
+    per batch (CTranslate2 sorts the input by length into batches; with ``inter_threads`` > 1 it
+    translates that many batches at once, each on ``threads`` threads). It runs in a child process
     without torch (``benchmarks.ct2_process``) that lives only between ``load`` (which also translates
     a warm-up batch) and ``unload`` (module docstring). The pickled pieces' round trip is inside its
     timing: ~1 ms for 1000 lines."""
 
     def __init__(self, path: str, compute_type: str, threads: int, cfg: SearchConfig, translator: Translator,
-                 max_batch_size: int) -> None:
+                 max_batch_size: int, inter_threads: int = 1) -> None:
         self.path, self.compute_type, self.threads, self.cfg = path, compute_type, threads, cfg
-        self.tok, self.max_batch_size = translator.checkpoint.tokenizer, max_batch_size
+        self.tok, self.max_batch_size, self.inter_threads = translator.checkpoint.tokenizer, max_batch_size, inter_threads
         self._ct2: Ct2Process | None = None
 
     def load(self, warmup: list[str] = ()) -> None:
         if self._ct2 is None:
-            self._ct2 = Ct2Process(self.path, self.compute_type, self.threads)
+            self._ct2 = Ct2Process(self.path, self.compute_type, self.threads, self.inter_threads)
             if warmup:
                 self(list(warmup))
 
@@ -98,13 +102,78 @@ class Ct2Translator:
 
 
 def ctranslate2_system(model_dir: str, compute_type: str, threads: int, cfg: SearchConfig,
-                       translator: Translator, work_dir: str, max_batch_size: int = 32) -> Ct2Translator:
+                       translator: Translator, work_dir: str, max_batch_size: int = 32,
+                       inter_threads: int = 1) -> Ct2Translator:
     """Convert with ct2-transformers-converter (once per work dir), then a ``Ct2Translator``."""
     out = f"{work_dir}/ct2-{compute_type}"
     if not os.path.exists(f"{out}/model.bin"):
         subprocess.run([sys.executable, "-m", "ctranslate2.converters.transformers", "--model", model_dir,
                         "--output_dir", out, "--quantization", compute_type, "--force"], check=True, capture_output=True)
-    return Ct2Translator(out, compute_type, threads, cfg, translator, max_batch_size)
+    return Ct2Translator(out, compute_type, threads, cfg, translator, max_batch_size, inter_threads)
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """How a system spends the cores: ``workers`` decoders (CTranslate2: batches at once,
+    ``inter_threads``), each on ``threads`` threads (CTranslate2: ``intra_threads``)."""
+
+    workers: int
+    threads: int
+
+    def __str__(self) -> str:
+        return f"{self.workers}x{self.threads}"
+
+
+def splits(cores: int) -> list[Split]:
+    """Every way to spend ``cores`` whole: workers x threads = cores (2 cores: 1x2, 2x1)."""
+    return [Split(w, cores // w) for w in range(1, cores + 1) if cores % w == 0]
+
+
+_decoder: Translator | None = None  # a decoder process's own translator (``OursDecoders``)
+
+
+def _load_decoder(model_dir: str, threads: int, speedups: CpuSpeedups) -> None:
+    global _decoder
+    _decoder = Translator.load(model_dir, threads=threads, speedups=speedups)
+
+
+def _decode(lines: list[str], cfg: SearchConfig) -> list[str]:
+    return [t.text for t in _decoder.translate(lines, cfg)]
+
+
+class OursDecoders:
+    """Ours as a Ray user spends the cores: ``split.workers`` decoder processes (as actors are), each a
+    ``Translator`` on ``split.threads`` threads; sentence i goes to decoder i mod workers (each sorts its
+    share by length into batches). Like ``Ct2Translator``, the processes live only between ``load``
+    (which also translates a warm-up batch on each) and ``unload``."""
+
+    def __init__(self, model_dir: str, speedups: CpuSpeedups, split: Split, cfg: SearchConfig) -> None:
+        self.model_dir, self.speedups, self.split, self.cfg = model_dir, speedups, split, cfg
+        self._pools: list[ProcessPoolExecutor] = []
+
+    def load(self, warmup: list[str] = ()) -> None:
+        if not self._pools:
+            spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited thread pools
+            self._pools = [ProcessPoolExecutor(1, mp_context=spawn, initializer=_load_decoder,
+                                               initargs=(self.model_dir, self.split.threads, self.speedups))
+                           for _ in range(self.split.workers)]
+            if warmup:
+                for done in [pool.submit(_decode, list(warmup), self.cfg) for pool in self._pools]:
+                    done.result()
+
+    def unload(self) -> None:
+        for pool in self._pools:
+            pool.shutdown()
+        self._pools = []
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        self.load()
+        n = len(self._pools)
+        shares = [pool.submit(_decode, lines[i::n], self.cfg) for i, pool in enumerate(self._pools)]
+        out = [""] * len(lines)
+        for i, share in enumerate(shares):
+            out[i::n] = share.result()
+        return out
 
 
 def hf_system(model_dir: str, cfg: SearchConfig, batch_size: int = 32) -> Translate:

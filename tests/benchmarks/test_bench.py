@@ -120,3 +120,28 @@ def test_ctranslate2_is_resident_only_during_its_own_runs(demo_model_dir, tmp_pa
     assert ct2._ct2.ready == {"torch_loaded": False}  # its process never imports torch
     ct2.unload()
     assert systems[0].outputs == ours.outputs and len(systems[0].seconds) == 2
+
+
+def test_best_split_lists_every_split_and_the_best_of_each(demo_model_dir, tmp_path):
+    """``--best-split``: ours at every decoders x threads split (2 cores: 1x2, 2x1), CTranslate2 at every
+    inter x intra split and batch size, and the fastest of each system."""
+    pytest.importorskip("ctranslate2")
+    shared_path("multi30k", "test_2016_flickr.de")
+    out = tmp_path / "splits"
+    main(["--model", str(demo_model_dir), "--data", str(SHARED_DATA), "--sets", "multi30k", "--lines", "24",
+          "--beams", "2", "--repeats", "1", "--threads", "2", "--systems", "ours-exact,ct2-float32", "--profile", "",
+          "--best-split", "--batch-sizes", "32,64", "--out", str(out)])
+    report = json.loads(out.with_suffix(".json").read_text())
+    grid = report["tables"]["multi30k/beam2/splits"]
+    assert [(r["system"], r["split"], r["batch"]) for r in grid["rows"]] == [
+        ("ours-exact", "1x2", "-"), ("ct2-float32", "1x2", "32"), ("ct2-float32", "1x2", "64"),
+        ("ours-exact", "2x1", "-"), ("ct2-float32", "2x1", "32"), ("ct2-float32", "2x1", "64")]
+    for best in grid["best"]:
+        assert best["tokens_per_s"] == max(r["tokens_per_s"] for r in grid["rows"] if r["system"] == best["system"])
+    assert [b["system"] for b in grid["best"]] == ["ours-exact", "ct2-float32"]
+    assert set(grid["ratios"]) == {"best ours-exact / best ct2-float32"} and grid["ratios"]["best ours-exact / best ct2-float32"] > 0
+    # two decoder processes, each on its share, put every line back in its place: the same translations
+    main_row = next(r for r in report["tables"]["multi30k/beam2"]["rows"] if r["system"] == "ours-exact")
+    assert all((r["bleu"], r["target_tokens"]) == (main_row["bleu"], main_row["target_tokens"])
+               for r in grid["rows"] if r["system"] == "ours-exact")
+    assert "Best split per system" in out.with_suffix(".md").read_text()
