@@ -144,6 +144,7 @@ def best_split_table(systems: list[PeerRun], lines: list[str], refs: list[str], 
     run(systems, lines, repeats)
     table = []
     for row in rows(systems, refs, count):
+        row.pop("peak_rss_growth_mb")  # (every split runs in child processes: the bench's own RSS says nothing)
         system, split, *batch = row.pop("system").split(" ")
         table.append({"system": system, "split": split, "batch": batch[0].removeprefix("b") if batch else "-", **row})
     best: dict[str, dict] = {}
