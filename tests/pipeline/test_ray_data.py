@@ -1,0 +1,76 @@
+"""``raymt.ray_data.Translate`` on a real local Ray cluster: read_parquet -> map_batches -> write_parquet."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from raymt.ray_data import ERROR_COLUMN, Translate
+from raymt.workers.config import SearchConfig
+from raymt.workers.translator import Translator
+from tests.pipeline.ray_helpers import clean_corpus, start_ray, write_corpus
+
+SEARCH = SearchConfig(beam_size=2)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import ray
+    address = start_ray(num_cpus=2)
+    yield address
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("batch_format", ["pyarrow", "pandas", "numpy"])
+def test_map_batches_translates_one_column_and_keeps_the_others(cluster, demo_model_dir, tmp_path, batch_format):
+    import ray
+    texts = clean_corpus(40)
+    texts[3], texts[17] = "", None
+    ids = [f"r{i:04d}" for i in range(len(texts))]
+    src, scores = tmp_path / "in", [i / 4 for i in range(len(texts))]
+    src.mkdir()
+    for part, rows in enumerate((slice(0, 20), slice(20, None))):  # a corpus of two files
+        write_corpus(src / f"part{part}.parquet", texts[rows], ids[rows], score=pa.array(scores[rows]))
+    ds = ray.data.read_parquet(str(src)).repartition(2).map_batches(
+        Translate, fn_constructor_kwargs={"model": str(demo_model_dir), "column": "text", "search": SEARCH,
+                                          "threads": 1},
+        batch_format=batch_format, batch_size=16, concurrency=2, num_cpus=0.5)
+    ds.write_parquet(str(tmp_path / "out"))
+
+    table = pq.read_table(tmp_path / "out").to_pylist()
+    rows = {r["id"]: r for r in table}
+    assert sorted(rows) == ids and len(table) == len(ids), "every row exactly once"
+    good = [i for i, t in enumerate(texts) if t]
+    expected = Translator.load(str(demo_model_dir)).translate([texts[i] for i in good], SEARCH)
+    for i, t in zip(good, expected):
+        row = rows[ids[i]]
+        assert (row["text"], row["score"]) == (texts[i], i / 4), "other columns pass through"
+        assert row["translation"] == t.text
+        assert row[ERROR_COLUMN] is None
+    assert (rows["r0003"]["translation"], rows["r0003"][ERROR_COLUMN]) == ("", "empty")
+    assert (rows["r0017"]["translation"], rows["r0017"][ERROR_COLUMN]) == ("", "null")
+
+
+def test_output_column_name_and_per_actor_stats_without_ray(demo_model_dir, one_thread):
+    op = Translate(str(demo_model_dir), "src", output_column="en", search=SEARCH)
+    out = op(pa.table({"src": ["Ein Hund läuft.", "   ", "Zwei Hunde spielen."], "n": [1, 2, 3]}))
+    assert out.column_names == ["src", "n", "en", ERROR_COLUMN]
+    assert out.column("en").to_pylist() == [t.text for t in op.translator.translate(
+        ["Ein Hund läuft.", "", "Zwei Hunde spielen."], SEARCH)]
+    assert out.column(ERROR_COLUMN).to_pylist() == [None, "empty", None]
+    assert op.stats.sentences == 2 and op.stats.target_tokens > 0 and op.stats.seconds > 0
+    op.close()
+
+
+def test_the_default_search_is_the_command_lines(demo_model_dir, one_thread):
+    from raymt.workers.decode_config import DEFAULTS
+    op = Translate(str(demo_model_dir))
+    assert op.search == DEFAULTS.search and op.device.type == "cpu"
+    assert op.batching.max_batch_sentences == DEFAULTS.batching.max_batch_size
+
+
+def test_a_token_budget_decodes_the_same_translations(demo_model_dir, one_thread):
+    texts = clean_corpus(12)
+    by_tokens = Translate(str(demo_model_dir), search=SEARCH, max_batch_tokens=64)
+    by_sentences = Translate(str(demo_model_dir), search=SEARCH)
+    assert by_tokens.translate_texts(texts) == by_sentences.translate_texts(texts)
