@@ -59,6 +59,7 @@ def test_output_column_name_and_per_actor_stats_without_ray(demo_model_dir, one_
         ["Ein Hund läuft.", "", "Zwei Hunde spielen."], SEARCH)]
     assert out.column(ERROR_COLUMN).to_pylist() == [None, "empty", None]
     assert op.stats.sentences == 2 and op.stats.target_tokens > 0 and op.stats.seconds > 0
+    assert op.translate_texts(["Ein Hund läuft.", 7, float("nan")])[1] == [None, "not a string: int", "null"]
     op.close()
 
 
