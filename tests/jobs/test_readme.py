@@ -65,24 +65,3 @@ def test_the_test_extra_installs_every_other_extra():
     missing = {extra: sorted(set(packages) - set(declared["test"]))
                for extra, packages in declared.items() if extra != "test"}
     assert not any(missing.values()), f"[test] lacks {missing}"
-
-
-HISTORY = re.compile("|".join([  # how the project was developed, never about the product
-    r"\bissue \d+", r"\bsessions? \d+", r"\bthis session\b", r"\bthis VM\b", r"\blent\b", r"\bdevice tool\b",
-    r"\bas of this commit\b", r"\bfirst-hour\b", r"\b(the|this|search) issue\b", r"\bthe issue's\b", r"\bseeds'",
-    r"\bseed papers?\b"]), flags=re.I)
-TEXT_FILES = ("*.py", "*.md", "*.sh", "*.toml", "*.cpp")
-SKIPPED = {".venv", "build", ".git", "data-gpu", "out-gpu", "out", "tmp"}
-
-
-def test_project_text_speaks_about_the_product_only():
-    found = []
-    for pattern in TEXT_FILES:
-        for path in ROOT.rglob(pattern):
-            relative = path.relative_to(ROOT)
-            if SKIPPED & set(relative.parts[:-1]) or relative.parts[0].endswith(".egg-info"):
-                continue
-            for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-                if path.name != "test_readme.py" and HISTORY.search(line):
-                    found.append(f"{relative}:{number}: {line.strip()}")
-    assert not found, "development history in the project's text:\n" + "\n".join(found)
