@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from raymt.workers.config import SearchConfig
-from raymt.workers.decode_config import DEFAULTS, SCHEDULE
-from raymt.workers.device import CPU_DEFAULTS, GPU_DEFAULTS, resolve_device
-from raymt.workers.engine import DecodeStats
-from raymt.workers.scheduler import CapacityUnit, SchedulerConfig
-from raymt.workers.static_step import StaticStep
+from raymt.workers.decode_config import DEFAULTS
 
 logger = logging.getLogger(__name__)
 
@@ -45,17 +41,6 @@ class TranslateStats:
         return self.target_tokens / self.seconds if self.seconds else 0.0
 
 
-def scheduler_for(on_gpu: bool, max_batch_tokens: int = 0) -> SchedulerConfig:
-    """The command line's default streaming schedule (top-up) on this device; ``max_batch_tokens``
-    > 0 caps each step's source tokens instead of its sentences."""
-    d = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
-    cfg = replace(SCHEDULE, max_batch_sentences=d.max_batch_size, capacity=d.max_batch_size,
-                  refill_threshold=d.refill_threshold)
-    if max_batch_tokens:
-        cfg = replace(cfg, capacity=max_batch_tokens, capacity_unit=CapacityUnit.TOKENS)
-    return cfg
-
-
 def row_error(value) -> str | None:
     """Why a cell cannot be translated, or None when it can."""
     if value is None or type(value).__name__ == "NAType" or (isinstance(value, float) and np.isnan(value)):
@@ -70,28 +55,28 @@ def row_error(value) -> str | None:
 class Translate:
     """A callable class for ``Dataset.map_batches``: translates ``column`` into ``output_column``.
 
-    ``search``: the beam search (default: the command line's, ``DEFAULTS.search``). ``device``:
-    cpu | cuda | cuda:N | auto, resolved once here. ``threads``: torch intra-op threads (0: leave
-    as is). ``max_batch_tokens``: cap each decode step by source tokens instead of sentences.
+    The model loads once per actor through the Python API (``raymt.Translator.load``: ``model`` a
+    directory or URL, ``device`` cpu | cuda | cuda:N | auto, ``compute_type`` float32 | int8 |
+    bfloat16 | float16, ``threads``, ``shortlist``, ``max_batch_tokens``); ``search``: the beam search
+    (default: the command line's). Cells go through the job's row path (``raymt.workers.rows``): a
+    cell longer than the model's positions is split and joined, control characters are removed.
     Rows arrive in any batch format (pyarrow, pandas, numpy dicts) and leave in the same one.
     """
 
     def __init__(self, model: str, column: str = "text", *, output_column: str = "translation",
-                 search: SearchConfig | None = None, device: str = "cpu", threads: int = 0,
-                 max_batch_tokens: int = 0) -> None:
-        from raymt.workers.translator import Translator  # (torch: only inside the actor)
+                 search: SearchConfig | None = None, device: str = "cpu", compute_type: str = "float32",
+                 threads: int = 0, shortlist: str | None = None, max_batch_tokens: int = 0) -> None:
+        from raymt.pipeline.api import Translator  # (torch: only inside the actor)
 
         self.column, self.output_column = column, output_column
-        self.search = search or DEFAULTS.search
-        self.device = resolve_device(device)
-        gpu = self.device.type == "cuda"
-        self.batching = scheduler_for(gpu, max_batch_tokens)
-        self.static = StaticStep(readback_every=GPU_DEFAULTS.static_step) if gpu else None
-        self.translator = Translator.load(model, device=self.device, threads=threads or None,
-                                          max_batch_size=self.batching.max_batch_sentences)
+        self.translator = Translator.load(model, device=device, compute_type=compute_type, threads=threads,
+                                          shortlist=shortlist, search=search or DEFAULTS.search,
+                                          max_batch_tokens=max_batch_tokens)
+        self.search, self.device = self.translator.decode.search, self.translator.core.checkpoint.model.device
+        self.batching = self.translator.decode.batching
         self.stats = TranslateStats()
         self._closed = False
-        logger.info("Translate: %s on %s, column %r -> %r", model, self.device, column, output_column)
+        logger.info("Translate: %s on %s (%s), column %r -> %r", model, self.device, compute_type, column, output_column)
 
     def __call__(self, batch):
         if isinstance(batch, pa.Table):
@@ -132,13 +117,10 @@ class Translate:
     def _decode(self, texts: list[str]) -> list[str]:
         if not texts:
             return []
-        t0, stats = time.perf_counter(), DecodeStats()
-        sources = self.translator.encode(texts)
-        hyps = self.translator.decode_ids(sources, self.search, batching=self.batching, stats=stats,
-                                          static=self.static).hypotheses
-        tok = self.translator.checkpoint.tokenizer
-        out = [tok.decode(list(h[0].tokens)) for h in hyps]
-        self.stats = TranslateStats(self.stats.sentences + len(texts), self.stats.target_tokens + stats.target_tokens,
+        t0, tokens = time.perf_counter(), self.translator.stats.target_tokens
+        out = self.translator.translate(texts)
+        self.stats = TranslateStats(self.stats.sentences + len(texts),
+                                    self.stats.target_tokens + self.translator.stats.target_tokens - tokens,
                                     self.stats.seconds + time.perf_counter() - t0)
         return out
 

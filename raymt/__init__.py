@@ -5,8 +5,9 @@ The package's parts live in the project's top-level folders and install as ``ray
 job's driver) and ``raymt.jobs`` (the command lines); ``raymt`` is the command (``raymt.cli``).
 
     from raymt import Translator
-    translator = Translator.load("models/demo-de-en")
-    translator.translate(["Ein Hund läuft."])
+    translator = Translator.load("models/demo-de-en")          # or an s3:// URL; device="cuda"
+    translator.translate(["Ein Hund läuft."])                   # ['A dog is running.']
+    translator.translate(["Ein Hund läuft."], nbest=2)          # [[(hypothesis, score), (..., ...)]]
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ if not os.path.isdir(os.path.join(os.path.dirname(__file__), "workers")) and \
 
 def __getattr__(name: str):
     if name == "Translator":  # imported on first use: ``import raymt`` stays light
-        from raymt.workers.translator import Translator
+        from raymt.pipeline.api import Translator
         return Translator
     raise AttributeError(f"module 'raymt' has no attribute {name!r}")
 

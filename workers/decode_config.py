@@ -9,11 +9,11 @@ the decoders decode on (batch size, static step, refill threshold) are ``workers
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from raymt.workers.config import SearchConfig
-from raymt.workers.device import CPU_DEFAULTS
-from raymt.workers.scheduler import Policy, SchedulerConfig
+from raymt.workers.device import CPU_DEFAULTS, GPU_DEFAULTS
+from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from raymt.workers.speedups import EXACT, CpuSpeedups
 from raymt.workers.static_step import StaticStep
 
@@ -95,3 +95,19 @@ SCHEDULE = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=CPU_DEFAULTS
                            capacity=CPU_DEFAULTS.max_batch_size, refill_threshold=CPU_DEFAULTS.refill_threshold)
 SHORTLIST = ShortlistSource(path="")
 
+
+
+def batching_for(on_gpu: bool, *, shortlist: bool = False, max_batch_tokens: int = 0) -> BatchingConfig:
+    """The command line's batching (``--batching auto``) on a device, for callers without flags (the
+    Python API, the Ray Data operator): top-up streaming with the device's batch size and refill
+    threshold, or batches with a shortlist (its candidate set is per batch); a GPU's one-shape step.
+    ``max_batch_tokens`` > 0 caps each step's source tokens instead of its sentences."""
+    d = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
+    schedule = None
+    if not shortlist:
+        schedule = replace(SCHEDULE, max_batch_sentences=d.max_batch_size, capacity=d.max_batch_size,
+                           refill_threshold=d.refill_threshold)
+        if max_batch_tokens:
+            schedule = replace(schedule, capacity=max_batch_tokens, capacity_unit=CapacityUnit.TOKENS)
+    return BatchingConfig(max_batch_size=d.max_batch_size, schedule=schedule,
+                          static=StaticStep(readback_every=d.static_step) if d.static_step else None)

@@ -55,8 +55,7 @@ def test_output_column_name_and_per_actor_stats_without_ray(demo_model_dir, one_
     op = Translate(str(demo_model_dir), "src", output_column="en", search=SEARCH)
     out = op(pa.table({"src": ["Ein Hund läuft.", "   ", "Zwei Hunde spielen."], "n": [1, 2, 3]}))
     assert out.column_names == ["src", "n", "en", ERROR_COLUMN]
-    assert out.column("en").to_pylist() == [t.text for t in op.translator.translate(
-        ["Ein Hund läuft.", "", "Zwei Hunde spielen."], SEARCH)]
+    assert out.column("en").to_pylist() == op.translator.translate(["Ein Hund läuft.", "", "Zwei Hunde spielen."])
     assert out.column(ERROR_COLUMN).to_pylist() == [None, "empty", None]
     assert op.stats.sentences == 2 and op.stats.target_tokens > 0 and op.stats.seconds > 0
     assert op.translate_texts(["Ein Hund läuft.", 7, float("nan")])[1] == [None, "not a string: int", "null"]
@@ -67,7 +66,16 @@ def test_the_default_search_is_the_command_lines(demo_model_dir, one_thread):
     from raymt.workers.decode_config import DEFAULTS
     op = Translate(str(demo_model_dir))
     assert op.search == DEFAULTS.search and op.device.type == "cpu"
-    assert op.batching.max_batch_sentences == DEFAULTS.batching.max_batch_size
+    assert op.batching.slots == DEFAULTS.batching.max_batch_size and op.batching.schedule.policy.value == "topup"
+
+
+def test_int8_reaches_the_operator(demo_model_dir, one_thread, tmp_path):
+    from raymt.pipeline.api import Translator as Api
+    texts = clean_corpus(8)
+    op = Translate(str(demo_model_dir), search=SEARCH, compute_type="int8")
+    assert op.translate_texts(texts)[0] == Api.load(str(demo_model_dir), compute_type="int8", search=SEARCH).translate(texts)
+    with pytest.raises(ValueError, match="compute_type 'int4': choose one of float32, int8"):
+        Translate(str(demo_model_dir), compute_type="int4")
 
 
 def test_a_token_budget_decodes_the_same_translations(demo_model_dir, one_thread):

@@ -1,0 +1,122 @@
+"""The Python API, ``raymt.Translator``: load a model once, translate lists of strings.
+
+    from raymt import Translator
+    translator = Translator.load("models/opus-mt-de-en")        # a directory or a URL (s3://...); device="cuda"
+    translator.translate(["Ein Hund rennt über die Wiese."])      # ['A dog runs across the meadow.']
+    translator.translate(texts, beam_size=2, nbest=2)             # per text [(hypothesis, score), ...]
+
+It decodes with the command line's defaults (``raymt.workers.decode_config.DEFAULTS``: the same
+search, the device's batching) and prepares rows as the job does (``raymt.workers.rows``: bad cells
+translate to "" with a status, cells longer than the model's positions are split and joined), so a
+line translates the same through ``raymt translate``, this API and the Ray Data operator.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+from raymt.pipeline.storage import model_reader
+from raymt.workers.config import SearchConfig
+from raymt.workers.decode_config import DEFAULTS, DecodeConfig, RuntimeConfig, ShortlistSource, batching_for
+from raymt.workers.device import resolve_device
+from raymt.workers.engine import DecodeStats
+from raymt.workers.rows import join_rows, prepare_rows
+from raymt.workers.shortlist import Shortlist
+from raymt.workers.speedups import EXACT, CpuSpeedups
+from raymt.workers.translator import Translator as Core
+
+# ``compute_type`` as CTranslate2 names it -> the CPU rewrites (``workers/speedups.py``). bfloat16 needs
+# a CPU with native bf16 (``workers/isa.py`` refuses it in one line elsewhere) or a GPU.
+COMPUTE_TYPES = {"float32": EXACT, "int8": replace(EXACT, int8=True), "bfloat16": replace(EXACT, bf16=True),
+                 "float16": replace(EXACT, fp16=True)}
+
+
+def speedups_for(compute_type: str) -> CpuSpeedups:
+    if compute_type not in COMPUTE_TYPES:
+        raise ValueError(f"compute_type {compute_type!r}: choose one of {', '.join(COMPUTE_TYPES)}")
+    return COMPUTE_TYPES[compute_type]
+
+
+@dataclass(frozen=True, slots=True)
+class RowTranslation:
+    """One input cell's outcome: its translation ("" when the cell is null or empty), the score
+    (sum of log-probs / length**length_penalty), its ``status`` (``ok``, ``null``, ``empty``,
+    ``normalised``, ``split``; ``raymt.workers.inputs``) with the reason, and its n-best (best first)."""
+
+    text: str
+    score: float
+    status: str
+    reason: str
+    nbest: tuple[tuple[str, float], ...]
+
+
+@dataclass
+class Translator:
+    """A model loaded once (``load``) and the decoding it was loaded for (``decode``)."""
+
+    core: Core
+    decode: DecodeConfig
+    shortlist: Shortlist | None = None
+    stats: DecodeStats = field(default_factory=DecodeStats)  # every call's counters, added up
+
+    @classmethod
+    def load(cls, model: str, *, device: str = "cpu", compute_type: str = "float32", threads: int = 0,
+             shortlist: str | ShortlistSource | None = None, search: SearchConfig = DEFAULTS.search,
+             max_batch_tokens: int = 0) -> Translator:
+        """``model``: a model directory, local or a URL (``s3://``, ``gs://``, any fsspec URL).
+        ``device``: cpu | cuda | cuda:N | auto. ``compute_type``: float32 | int8 | bfloat16 | float16.
+        ``threads``: torch intra-op threads (0: torch's default). ``shortlist``: a lex.s2t or .vmap
+        file (``raymt build-shortlist``), or a ``ShortlistSource`` to set its top_m / top_n too. ``search``: the default search of ``translate``.
+        ``max_batch_tokens`` > 0: cap each decode step by source tokens instead of sentences."""
+        on_gpu = resolve_device(device).type == "cuda"
+        decode = DecodeConfig(search=search,
+                              batching=batching_for(on_gpu, shortlist=bool(shortlist), max_batch_tokens=max_batch_tokens),
+                              runtime=RuntimeConfig(device=device, threads=threads, speedups=speedups_for(compute_type)),
+                              shortlist=ShortlistSource(shortlist) if isinstance(shortlist, str) else shortlist)
+        return cls.from_config(model, decode)
+
+    @classmethod
+    def from_config(cls, model: str, decode: DecodeConfig) -> Translator:
+        """A model loaded for one ``DecodeConfig`` (what the command line builds from its flags)."""
+        rt = decode.runtime
+        core = Core.load(model_reader(model), threads=rt.threads or None, speedups=rt.speedups,
+                         max_batch_size=decode.batching.max_batch_size, device=resolve_device(rt.device))
+        if decode.batching.tune:
+            core.tune_batches(decode.search)
+        shortlist = None
+        if decode.shortlist:
+            from raymt.pipeline.shortlists import load_shortlist
+            shortlist = load_shortlist(decode.shortlist.path, core.checkpoint.tokenizer, top_m=decode.shortlist.top_m,
+                                       top_n=decode.shortlist.top_n, special_ids=core.special_target_ids())
+        return cls(core, decode, shortlist)
+
+    def translate(self, texts: Sequence[str], *, nbest: int | None = None, **search):
+        """Texts -> their translations, in order. ``nbest`` N: per text its N best ``(hypothesis,
+        score)``, best first, instead (N <= beam_size). ``search``: any ``SearchConfig`` field for
+        this call (``beam_size``, ``length_penalty``, ``max_decoding_length``, ``max_length_a``, ...)."""
+        rows = self.translate_rows(texts, nbest=nbest, **search)
+        if nbest is None:
+            return [r.text for r in rows]
+        return [list(r.nbest) for r in rows]
+
+    def translate_rows(self, cells: Sequence[str | bytes | None], *, nbest: int | None = None,
+                       **search) -> list[RowTranslation]:
+        """Cells (text, UTF-8 bytes or None) -> one ``RowTranslation`` each, in order."""
+        cfg = replace(self.decode.search, **search, **({"num_hypotheses": nbest} if nbest else {}))
+        tok = self.core.checkpoint.tokenizer
+        prepared = prepare_rows(cells, tok.encode, self.core.checkpoint.model.config.max_position_embeddings)
+        hyps = self.core.decode_ids(prepared.pieces, cfg, self.shortlist, self.decode.batching.schedule,
+                                    stats=self.stats, static=self.decode.batching.static).hypotheses if prepared.pieces else []
+        joined = join_rows(len(cells), prepared.piece_row, hyps, tok.decode_all)
+        return [RowTranslation(joined.texts[i], joined.scores[i], prepared.statuses[i], prepared.reasons[i],
+                               tuple(joined.nbest(i))) for i in range(len(cells))]
+
+    def close(self) -> None:
+        """Frees the decoder's buffers (the KV cache, graphs); the weights go with the object."""
+        self.core.close()
+
+    def __enter__(self) -> Translator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
