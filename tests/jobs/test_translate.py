@@ -204,26 +204,6 @@ def test_rows_not_translated_as_given_are_counted_by_status(demo_model_dir, tmp_
     assert json.loads((tmp_path / "out.txt.parts" / "_SUCCESS").read_text())["rows_by_status"] == {"ok": 2, "empty": 2}
 
 
-def test_the_api_and_the_command_line_translate_alike_with_their_defaults(demo_model_dir, tmp_path):
-    """``Translator.translate`` and ``python -m raymt.jobs.translate`` decode with one table of defaults
-    (raymt.workers.decode_config): the same lines give the same translations. The repeated word runs
-    past the length cap a * source + b, so a cap that differed between the two would show."""
-    import os
-    import subprocess
-    import sys
-
-    from raymt.workers.translator import Translator
-    lines = [*SAMPLE.read_text(encoding="utf-8").split("\n")[:4], "Ja ja ja ja ja ja ja ja ja ja ja ja"]
-    src, out = tmp_path / "in.de.txt", tmp_path / "out.en.txt"
-    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    subprocess.run([sys.executable, "-m", "raymt.jobs.translate", "--in-process", "--threads", "1", "--model",
-                    str(demo_model_dir), "--input", str(src), "--output", str(out)],
-                   cwd=ROOT, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    api = [t.text for t in Translator.load(str(demo_model_dir), threads=1).translate(lines)]
-    assert out.read_text(encoding="utf-8").split("\n")[:-1] == api
-    assert len(api[-1].split()) < 30  # the cap binds: unbounded, the model repeats "ja" for 256 tokens
-
-
 def test_every_flag_default_is_the_table_of_defaults():
     from raymt.jobs.translate import build_parser, decode_config
     from raymt.workers.decode_config import DEFAULTS, SCHEDULE
