@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 import time
 from dataclasses import replace
 
@@ -49,6 +50,7 @@ from raymt.pipeline.settings import DecoderSettings, PartColumns
 from raymt.pipeline.shortlists import load_shortlist
 from raymt.pipeline.sink import OutputStore
 from raymt.pipeline.storage import storage_options
+from raymt.pipeline.stream import STDIO, translate_stream
 from raymt.pipeline.units import Columns, InputError
 from raymt.workers.config import FAST_PRUNING, PruningConfig, SearchConfig
 from raymt.workers.decode_config import BatchingConfig, DecodeConfig, RuntimeConfig, ShortlistSource
@@ -149,6 +151,8 @@ def signature(args: argparse.Namespace, decode: DecodeConfig) -> str:
 
 def single_file(url: str) -> bool:
     """Whether ``--output`` names one file (assembled from parts) rather than a directory of parts."""
+    if url == STDIO:
+        return False
     if url.endswith("/"):
         return False
     fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
@@ -160,7 +164,8 @@ def single_file(url: str) -> bool:
 def decoder_settings(args: argparse.Namespace, decode: DecodeConfig, one_file: bool) -> DecoderSettings:
     return DecoderSettings(model=local_path(args.model),
                            output=local_path(args.output + ".parts" if one_file else args.output),
-                           decode=decode, signature=signature(args, decode), parts=PartColumns(evaluate=args.evaluate))
+                           decode=decode, signature=signature(args, decode),
+                           parts=PartColumns(evaluate=args.evaluate, passthrough=not args.no_passthrough))
 
 
 def pipeline_config(args: argparse.Namespace, decode: DecodeConfig) -> PipelineConfig:
@@ -170,7 +175,7 @@ def pipeline_config(args: argparse.Namespace, decode: DecodeConfig) -> PipelineC
     decoders = args.decoders
     if args.min_decoders is not None or args.max_decoders is not None:
         decoders = (args.min_decoders or 1, args.max_decoders or max(args.min_decoders or 1, 1))
-    columns = Columns(args.text_column, args.id_column, args.reference_column)
+    columns = columns_of(args)
     return PipelineConfig(input=local_path(args.input), columns=columns, decoder=settings, unit_rows=args.unit_rows,
                           decoders=decoders, encoders=args.encoders, cpus_per_decoder=args.cpus_per_decoder,
                           gpus_per_decoder=gpus, skip_corrupt=args.skip_corrupt,
@@ -180,9 +185,13 @@ def pipeline_config(args: argparse.Namespace, decode: DecodeConfig) -> PipelineC
                           assemble_to=local_path(args.output) if one_file else None, lease_ttl_s=args.lease_ttl)
 
 
+def columns_of(args: argparse.Namespace) -> Columns:
+    return Columns(args.text_column, args.id_column, args.reference_column, tsv_column=args.tsv_column)
+
+
 def local_path(url: str) -> str:
     """Absolute paths for local files, so actors find them whatever their working directory."""
-    return url if "://" in url or os.environ.get("RAY_JOB_ID") or os.environ.get("RAYMT_KEEP_RELATIVE") \
+    return url if url == STDIO or "://" in url or os.environ.get("RAY_JOB_ID") or os.environ.get("RAYMT_KEEP_RELATIVE") \
         else os.path.abspath(url)
 
 
@@ -196,11 +205,31 @@ def run(args: argparse.Namespace, decode: DecodeConfig) -> None:
     if args.bf16 and device_of(args) == "cpu" and bf16_refusal(detect_isa()):  # before any work
         raise SystemExit(f"error: {bf16_refusal(detect_isa())}")
     start = time.perf_counter()
+    if STDIO in (args.input, args.output):
+        return run_stream(args, decode, start)
     pc, result = execute(args, decode)
     print_summary(args, pc, result, time.perf_counter() - start)
     if args.report:
         from raymt.jobs.report import report
         report(pc.decoder.output, None if "://" not in args.output else "report")
+
+
+def run_stream(args: argparse.Namespace, decode: DecodeConfig, start: float) -> None:
+    """``--input -`` / ``--output -``: the lines translated in this process, no Ray (``pipeline/stream.py``);
+    standard output carries only translations, the summary goes to standard error."""
+    if args.evaluate or args.report:
+        raise SystemExit("error: --evaluate and --report need a file or directory --output, not a stream ('-')")
+    try:
+        settings = decoder_settings(args, decode, one_file=False)
+        result = translate_stream(args.input, args.output, settings.with_threads(args.threads or os.cpu_count() or 1),
+                                  columns_of(args), stdin=sys.stdin.buffer, stdout=sys.stdout.buffer)
+    except JOB_ERRORS as e:
+        if args.debug:
+            raise
+        raise SystemExit(f"error: {e}") from None
+    statuses = ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items()))
+    print(f"translated {result.rows} rows ({statuses}) from {args.input} to {args.output} in "
+          f"{time.perf_counter() - start:.1f}s in this process [{settings.signature}]", file=sys.stderr)
 
 
 def execute(args: argparse.Namespace, decode: DecodeConfig) -> tuple[PipelineConfig, PipelineResult]:
@@ -246,6 +275,8 @@ def main(argv: list[str] | None = None) -> None:
         decode = decode_config(args)
     except ValueError as e:  # e.g. --nbest above --beam-size: a usage error, not a traceback
         parser.error(str(e))
+    if args.tsv_column < 1:
+        parser.error(f"--column {args.tsv_column}: columns are counted from 1 (as cut -f)")
     run(args, decode)
 
 

@@ -47,12 +47,15 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
 
 def add_user_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="checkpoint directory or fsspec URL")
-    p.add_argument("--input", required=True, help="a text file (a sentence a line), a .parquet file, or a "
-                   "directory / prefix of .parquet and .txt files (local or URL)")
+    p.add_argument("--input", required=True, help="a text file (a sentence a line), .tsv, .jsonl, each also "
+                   ".gz/.bz2/.xz/.zst, a .parquet file, or a directory / prefix of them (local or URL); '-': "
+                   "standard input, translated in this process without Ray")
     p.add_argument("--output", required=True, help="a directory (ends in '/', exists, or has no extension) or one "
-                   "file: .parquet, else text")
+                   "file: .parquet, .jsonl, .tsv, else text (Marian n-best lines with --nbest > 1), the text ones "
+                   "also .gz/.bz2/.xz/.zst; .csv, .json, .xlsx, ... are refused; '-': standard output (text)")
     p.add_argument("--beam-size", type=int, default=SEARCH.beam_size, help="beam width (1: greedy)")
-    p.add_argument("--nbest", type=int, default=SEARCH.num_hypotheses, help="hypotheses kept per sentence (<= beam size)")
+    p.add_argument("--nbest", type=int, default=SEARCH.num_hypotheses, help="hypotheses kept per sentence (<= beam "
+                   "size): a list column in .parquet / .jsonl, 'K ||| hypothesis ||| F0= score ||| score' lines in text")
     p.add_argument("--device", type=device_name, metavar="{auto,cpu,cuda,cuda:N}",
                    help="where each decoder decodes (default: cuda with --gpus-per-decoder, else cpu). A GPU that "
                         "is not there is an error, never a silent CPU fallback. On Ray, cuda reserves one GPU "
@@ -63,8 +66,15 @@ def add_user_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_input_flags(g) -> None:
-    g.add_argument("--text-column", default="text", help="the Parquet column to translate")
-    g.add_argument("--id-column", help="default: 'id' when present, else the row number")
+    g.add_argument("--text-column", "--text-field", dest="text_column", default="text",
+                   help="the Parquet column or JSONL field to translate")
+    g.add_argument("--id-column", "--id-field", dest="id_column",
+                   help="the Parquet column or JSONL field of ids; default: 'id' when present, else the row number")
+    g.add_argument("--column", dest="tsv_column", type=int, default=1, metavar="N",
+                   help="a .tsv input's column to translate, 1-based as in cut -f (Mozilla-style src<TAB>trg: 1)")
+    g.add_argument("--no-passthrough", action="store_true",
+                   help="leave the input's other columns (Parquet) or fields (JSONL) out of the output; by default "
+                        "they are kept beside the translation (one renamed input_<name> where the output has the name)")
     g.add_argument("--reference-column", help="references for --evaluate")
     g.add_argument("--evaluate", action="store_true", help="sacreBLEU BLEU and chrF against --reference-column")
     g.add_argument("--report", action="store_true",

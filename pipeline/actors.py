@@ -22,8 +22,10 @@ import pyarrow as pa
 import torch
 
 from raymt.pipeline.evaluate import EvalStats, sufficient_stats
+from raymt.pipeline.formats import mark_invalid
 from raymt.pipeline.heap import trim_heap
 from raymt.pipeline.metrics import Metrics
+from raymt.pipeline.passthrough import read_passthrough, with_passthrough
 from raymt.pipeline.records import EncodedUnit, UnitStats
 from raymt.pipeline.settings import DecoderSettings, PartColumns  # noqa: F401  (PartColumns: re-exported)
 from raymt.pipeline.sink import OUTPUT_SCHEMA, OutputStore, output_table
@@ -72,9 +74,10 @@ class EncoderWorker:
         start = time.perf_counter()
         rows = read_unit(unit, self.columns)
         prepared = prepare_rows(rows.texts, self.tokenizer.encode, self.limit)
+        statuses, reasons = mark_invalid(prepared.statuses, prepared.reasons, rows.problems)  # unparsable lines
         return EncodedUnit(unit, rows.ids, rows.rows,
                            [t.decode("utf-8", "replace") if isinstance(t, bytes) else t for t in rows.texts],
-                           rows.references, prepared.statuses, prepared.reasons, prepared.pieces, prepared.piece_row,
+                           rows.references, statuses, reasons, prepared.pieces, prepared.piece_row,
                            time.perf_counter() - start)
 
 
@@ -168,6 +171,8 @@ class DecoderWorker:
             table = table.append_column("reference", pa.array(enc.references or [None] * len(texts), pa.string()))
         if self.settings.token_logprobs:
             table = table.append_column("token_logprobs", self._token_logprobs(enc, hyps))
+        if self.settings.parts.passthrough:  # read again from the pinned unit, not carried through decoding
+            table = with_passthrough(table, read_passthrough(unit, self.encoder.columns))
         evaluation = None
         if self.settings.evaluate and enc.references is not None:
             evaluation = sufficient_stats(texts, enc.references)

@@ -4,6 +4,7 @@ when it cannot write where it was asked to.
 
     check_output(input, parts, final, model)   # paths; parts: the directory of parts; final: the assembled file
     check_writable(parts, final)               # after planning: files can be created there
+    check_output_format(final, nbest)          # the assembled file's format, or refused naming the supported ones
 
 Local paths are compared resolved (symlinks, ``..``, relative to the working directory); URLs of
 object stores by bucket and key.
@@ -15,6 +16,7 @@ import uuid
 
 import fsspec
 
+from raymt.pipeline.formats import OutputFormat, UnsupportedOutput, output_format
 from raymt.pipeline.storage import on_disk, storage_options
 
 
@@ -72,6 +74,16 @@ def check_output(input_url: str, parts_url: str, final_url: str | None = None, m
                          if "--input" in p and p.replace("--input", "--model") not in problems]
     if problems:
         raise OutputRefused("; ".join(problems))
+
+
+def check_output_format(final_url: str, nbest: int = 1, text_name: str = "text") -> OutputFormat:
+    """The format the assembled ``final_url`` is written in (``pipeline/formats.py``), or ``OutputRefused``
+    in one line listing the supported ones: a name that asks for a format the job does not write (e.g.
+    ``.csv``) is refused, never written as something else."""
+    try:
+        return output_format(final_url, nbest, text_name)
+    except UnsupportedOutput as e:
+        raise OutputRefused(str(e)) from None
 
 
 def check_writable(parts_url: str, final_url: str | None = None) -> None:

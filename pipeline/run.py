@@ -33,7 +33,7 @@ from raymt.pipeline.actors import DecoderWorker
 from raymt.pipeline.driver import DecodersUnavailable, Driver, check_placeable
 from raymt.pipeline.errors import JobStopped, stop_for, stopping_cause
 from raymt.pipeline.evaluate import EvalStats, Scores, score
-from raymt.pipeline.guards import check_output, check_writable
+from raymt.pipeline.guards import check_output, check_output_format, check_writable
 from raymt.pipeline.lease import Lease, LeaseLost
 from raymt.pipeline.ledger import PlanMismatch, PlanRecord, file_version, model_files
 from raymt.pipeline.model_check import check_model
@@ -123,6 +123,8 @@ def run_pipeline(cfg: PipelineConfig, finish: Callable[[OutputStore], object] | 
     is committed) if some units failed every attempt.
     """
     check_model(cfg.decoder.model)
+    fmt = check_output_format(cfg.assemble_to, cfg.decoder.search.num_hypotheses, cfg.columns.text) \
+        if cfg.assemble_to else None  # a name asking for a format the job does not write: refused here
     check_output(cfg.input, cfg.decoder.output, cfg.assemble_to, cfg.decoder.model)
     plan: Plan = plan_units(cfg.input, cfg.columns, _unit_rows(cfg), skip_corrupt=cfg.skip_corrupt)
     record = plan_record(cfg, plan)
@@ -139,7 +141,7 @@ def run_pipeline(cfg: PipelineConfig, finish: Callable[[OutputStore], object] | 
         result = _run(replace(cfg, decoder=replace(cfg.decoder, plan=record.digest, fence=lease.fence)), plan,
                       store, lease)
         if cfg.assemble_to:
-            assemble(store, cfg.assemble_to)
+            assemble(store, cfg.assemble_to, fmt)
         if finish is not None:  # files derived from the output (e.g. distillation's), written under the lease
             finish(store)
         return result

@@ -26,6 +26,7 @@ class PartColumns:
     evaluate: bool = False  # the unit's sacreBLEU sufficient statistics in its stats row
     token_logprobs: bool = False  # teacher-forced log-prob of each token of the best translation (distillation)
     keep_reference: bool = False  # the reference column travels to the output (a distillation bitext's target)
+    passthrough: bool = False  # the input's other columns / fields travel to the output (pipeline/passthrough.py)
 
 
 @dataclass(frozen=True, slots=True)

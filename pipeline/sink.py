@@ -27,17 +27,19 @@ import contextlib
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Iterator
+from typing import IO, Iterator
 
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raymt.pipeline.errors import stop_for
+from raymt.pipeline.formats import OutputFormat, output_format
 from raymt.pipeline.lease import LEASE, LOCK, Fence
 from raymt.pipeline.ledger import PLAN, PlanRecord
 from raymt.pipeline.records import JobSummary, UnitMarker
 from raymt.pipeline.storage import open_whole, put_whole, retrying, storage_options
+from raymt.pipeline.writers import lines_of
 
 OUTPUT_SCHEMA = pa.schema([
     ("id", pa.string()),
@@ -254,26 +256,51 @@ def _parquet(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def assemble(store: OutputStore, url: str) -> None:
+def assemble(store: OutputStore, url: str, fmt: OutputFormat | None = None) -> None:
     """One file from the committed parts, a part at a time (an output of 10^8 rows never sits in
-    memory), written whole or not at all: ``.parquet`` (every column), else text (a translation a
-    line, in input order). Its rename (or upload) into place passes the store's fence; no space
-    left stops the job (``StorageFull``) with nothing partial left, and a rerun assembles."""
+    memory), written whole or not at all, in ``fmt`` (by default the one ``url``'s name says,
+    ``pipeline/formats.py``): ``.parquet`` (every column), else lines in input order -- text (a
+    translation a line, or Marian's n-best lines), JSON lines or TSV (``pipeline/writers.py``),
+    compressed as the name says. Its rename (or upload) into place passes the store's fence; no
+    space left stops the job (``StorageFull``) with nothing partial left, and a rerun assembles."""
+    fmt = fmt or output_format(url)
     fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
     try:
         with open_whole(fs, path, store.guard) as f:
-            if url.endswith(".parquet"):
+            if fmt.kind == "parquet":
                 schema = store.schema()
                 with pq.ParquetWriter(f, schema) as writer:
                     for part in store.parts():
                         writer.write_table(_widened(part, schema))
                 return
-            for part in store.parts(["row", "translation"]):
-                f.write("".join(t.replace("\n", " ") + "\n" for t in part.column("translation").to_pylist()).encode())
+            columns = None if fmt.kind == "jsonl" else ["row", "source", "translation"] + (
+                ["nbest"] if fmt.nbest > 1 else [])
+            with compressed_writer(f, fmt.compression) as out:
+                for part in store.parts(columns):
+                    out.write(lines_of(part, fmt).encode())
     except OSError as e:
         if stop := stop_for(e, f"assembling {url}"):
             raise stop from None
         raise
+
+
+@contextlib.contextmanager
+def compressed_writer(raw: IO[bytes], compression: str | None) -> Iterator[IO[bytes]]:
+    """``raw`` itself, or a compressor writing into it (closed at the end, ``raw`` left open)."""
+    if compression is None:
+        yield raw
+        return
+    if compression == "zstd":
+        import zstandard
+        writer = zstandard.ZstdCompressor().stream_writer(raw, closefd=False)
+    else:
+        import bz2
+        import gzip
+        import lzma
+        writer = {"gzip": lambda: gzip.GzipFile(fileobj=raw, mode="wb", mtime=0),
+                  "bz2": lambda: bz2.BZ2File(raw, "wb"), "xz": lambda: lzma.LZMAFile(raw, "wb")}[compression]()
+    with writer:
+        yield writer
 
 
 def _widened(part: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -3,9 +3,11 @@
 A unit is (file, first row, end row) of one input file; its name is stable across runs, so a
 rerun of the same command finds which units are already committed (``raymt.pipeline.sink``) and skips
 them. Parquet files are planned from their footers only (row counts and schemas), so planning a
-corpus of millions of lines reads kilobytes. Text files are scanned once, in chunks, for their
-line count and each unit's byte range, so a unit reads its own bytes, never the whole file (it
-did: a 200 MB file of 2 million lines took 2.5 s and 484 MB per 2500-row unit, now 5 ms and 1 MB).
+corpus of millions of lines reads kilobytes. Line files (text, TSV, JSON lines) are scanned once,
+in chunks, for their line count and each unit's byte range, so a unit reads its own bytes, never the
+whole file (it did: a 200 MB file of 2 million lines took 2.5 s and 484 MB per 2500-row unit, now
+5 ms and 1 MB); compressed ones are planned by line ranges (``pipeline/textfiles.py``). A TSV or
+JSONL line that cannot be parsed is a row with status ``invalid`` (``pipeline/formats.py``).
 Ids are strings, one type for the whole job: an id column's values as text (int ids too), and rows
 without an id column get their global row number as text; every output row also carries ``row``
 (its global position), so input order is restorable.
@@ -22,19 +24,18 @@ from dataclasses import dataclass
 from typing import Callable
 
 import fsspec
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raymt.pipeline.errors import JobStopped
 from raymt.pipeline.ledger import file_version
-from raymt.pipeline.sniff import HEAD_BYTES, UTF8_BOM, refusal
+from raymt.pipeline.formats import ParsedRow, compression_of, input_kind, is_input_file, parse_jsonl, parse_tsv
 from raymt.pipeline.storage import storage_options
+from raymt.pipeline.textfiles import (TEXT_CHUNK, UnreadableText, check_text, read_line_range,  # noqa: F401
+                                      read_text_lines, text_layout)
 
 logger = logging.getLogger(__name__)
 
-TEXT_CHUNK = 1 << 22  # bytes a text file is scanned in
-INPUT_SUFFIXES = (".parquet", ".txt")  # the files a directory input is read for
 
 
 class InputError(ValueError):
@@ -54,6 +55,7 @@ class Columns:
     text: str = "text"
     id: str | None = None  # None: use "id" if present, else the global row number
     reference: str | None = None
+    tsv_column: int = 1  # a TSV input's text column, 1-based (as ``cut -f``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +83,8 @@ class Plan:
 
 
 def list_inputs(url: str) -> list[str]:
-    """A file, or every ``*.parquet`` and ``*.txt`` file under a directory (sorted), as fsspec URLs.
+    """A file, or every ``.parquet`` and ``.txt`` / ``.tsv`` / ``.jsonl`` (plain or compressed) file under a
+    directory (sorted), as fsspec URLs.
     Hidden and ``_`` paths under a directory (``.crc``, ``_SUCCESS``, ``_manifest/``) are not input;
     any other file is refused by name, never skipped without a word."""
     fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
@@ -89,14 +92,15 @@ def list_inputs(url: str) -> list[str]:
         root = path.rstrip("/") + "/"
         visible = [p for p in sorted(fs.find(path))
                    if not any(part.startswith(("_", ".")) for part in p[len(root):].split("/"))]
-        files = [p for p in visible if p.endswith(INPUT_SUFFIXES)]
-        if others := [p for p in visible if not p.endswith(INPUT_SUFFIXES)]:
-            raise InputError(f"{url}: a directory input is read for its .parquet and .txt files, and it also holds "
+        files = [p for p in visible if is_input_file(p)]
+        if others := [p for p in visible if not is_input_file(p)]:
+            raise InputError(f"{url}: a directory input is read for its .parquet, .txt, .tsv and .jsonl files (plain "
+                             f"or .gz / .bz2 / .xz / .zst), and it also holds "
                              f"{len(others)} other file(s), which would not be translated: "
                              f"{', '.join(others[:5])}{' ...' if len(others) > 5 else ''}; move them out (hidden and "
                              f"_ files are ignored) or name the files to translate")
         if not files:
-            raise InputError(f"{url}: a directory with no .parquet or .txt files")
+            raise InputError(f"{url}: a directory with no .parquet, .txt, .tsv or .jsonl files")
     elif fs.exists(path):
         files = [path]
     else:
@@ -135,13 +139,13 @@ def plan_units(url: str, columns: Columns, unit_rows: int | Callable[[int], int]
     known = None if callable(unit_rows) else unit_rows  # text files are cut as they are counted when known
     versions = [file_version(path) for path in files]  # before reading: a file changed meanwhile is refused below
     for index, path in enumerate(files):
-        if not path.endswith(".parquet"):
-            if columns.id is not None or columns.reference is not None or columns.text != "text":
-                raise InputError(f"{path}: a text file has no columns, so --text-column, --id-column and "
-                                 f"--reference-column do not apply (rows are numbered); use a Parquet input")
-            if reason := refusal(path, _head(path)):
-                raise InputError(reason)
-            rows, starts = text_layout(path, known)
+        if input_kind(path) != "parquet":
+            check_line_columns(path, columns)
+            try:
+                check_text(path)
+                rows, starts = text_layout(path, known)
+            except UnreadableText as e:
+                raise InputError(str(e)) from None
             found.append((index, path, rows, None, starts))
             continue
         try:
@@ -160,7 +164,7 @@ def plan_units(url: str, columns: Columns, unit_rows: int | Callable[[int], int]
         raise ValueError("unit_rows must be >= 1")
     units, offset = [], 0
     for index, path, rows, id_column, starts in found:
-        if not path.endswith(".parquet") and known is None:
+        if input_kind(path) != "parquet" and known is None and not compression_of(path):
             starts = text_layout(path, size)[1]  # a second pass: the size depended on every file's rows
         pin = versions[index]
         for k, start in enumerate(range(0, rows, size)):
@@ -174,9 +178,22 @@ def plan_units(url: str, columns: Columns, unit_rows: int | Callable[[int], int]
     return Plan(tuple(units), offset, tuple(skipped), tuple(files), unit_rows=size, versions=tuple(versions))
 
 
-def _head(path: str) -> bytes:
-    with fsspec.open(path, "rb", **storage_options(path)) as f:
-        return f.read(HEAD_BYTES)
+def check_line_columns(path: str, columns: Columns) -> None:
+    """Refuse column flags a line file cannot honour: plain text has no columns (rows are numbered),
+    TSV has numbered ones (--column), JSON lines have fields (--text-column/--text-field, --id-column)."""
+    kind = input_kind(path)
+    if kind == "jsonl" and columns.reference is None:
+        return
+    if kind == "tsv" and (columns.id, columns.reference, columns.text) == (None, None, "text"):
+        return
+    if kind == "text" and (columns.id, columns.reference, columns.text, columns.tsv_column) == (None, None, "text", 1):
+        return
+    what = {"jsonl": "--reference-column does not apply to JSON lines (use a Parquet input for --evaluate)",
+            "tsv": "a TSV file's text is chosen by --column N; --text-column, --id-column and --reference-column "
+                   "do not apply (rows are numbered)",
+            "text": "a text file has no columns, so --text-column, --id-column, --reference-column and --column do "
+                    "not apply (rows are numbered); use a Parquet, TSV or JSONL input"}[kind]
+    raise InputError(f"{path}: {what}")
 
 
 def check_pinned(path: str, size: int | None, version: str | None, when: str = "since the job planned it") -> None:
@@ -225,6 +242,8 @@ class UnitRows:
     rows: list[int]
     texts: list  # str | bytes | None
     references: list[str] | None
+    problems: list[str | None] | None = None  # per row: why its line could not be parsed (TSV / JSONL), or None
+    fields: list[str | None] | None = None  # per row: a JSONL line's other fields (a JSON object's text)
 
 
 def read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
@@ -237,12 +256,8 @@ def read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
 
 def _read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
     rows = list(range(unit.offset, unit.offset + unit.stop - unit.start))
-    if not unit.path.endswith(".parquet"):
-        texts = read_text_lines(unit.path, unit.byte_start, unit.byte_stop)  # its own bytes (plan_units)
-        if len(texts) != len(rows):
-            raise InputChanged(f"{unit.path}: bytes {unit.byte_start}..{unit.byte_stop} hold {len(texts)} lines where "
-                               f"the plan counted {len(rows)}: the file changed after planning")
-        return UnitRows([str(r) for r in rows], rows, texts, None)
+    if input_kind(unit.path) != "parquet":
+        return line_rows(unit, columns, read_unit_lines(unit), rows)
     wanted = [c for c in (columns.text, unit.id_column, columns.reference) if c]
     with fsspec.open(unit.path, "rb", **storage_options(unit.path)) as f:
         pf = pq.ParquetFile(f)
@@ -272,42 +287,24 @@ def _cells(column: pa.ChunkedArray) -> list:
         return column.cast(pa.binary()).to_pylist()
 
 
-def read_text_lines(url: str, byte_start: int | None = None, byte_stop: int | None = None) -> list[bytes]:
-    """A text file's lines as bytes (decoded later, row by row, so one bad line cannot stop the job);
-    only the lines in ``byte_start:byte_stop`` when given (a unit's range from ``text_layout``)."""
-    with fsspec.open(url, "rb", **storage_options(url)) as f:
-        if byte_start is None:
-            data = f.read()
-        else:
-            f.seek(byte_start)
-            data = f.read(byte_stop - byte_start)
-    if not byte_start and data.startswith(UTF8_BOM):  # a UTF-8 byte-order mark is not text of the first line
-        data = data[len(UTF8_BOM):]
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+def read_unit_lines(unit: WorkUnit) -> list[bytes]:
+    """A line file's unit: its own bytes (plain), or its line range (compressed); checked against the plan."""
+    if compression_of(unit.path):
+        lines = read_line_range(unit.path, unit.start, unit.stop)
+    else:
+        lines = read_text_lines(unit.path, unit.byte_start, unit.byte_stop)  # its own bytes (plan_units)
+    if len(lines) != unit.stop - unit.start:
+        raise InputChanged(f"{unit.path}: rows {unit.start}..{unit.stop} hold {len(lines)} lines where the plan "
+                           f"counted {unit.stop - unit.start}: the file changed after planning")
+    return lines
 
 
-def text_layout(url: str, unit_rows: int | None) -> tuple[int, list[int] | None]:
-    """A text file's rows (lines; a last line without its newline counts) read in one streaming pass,
-    and with ``unit_rows`` the byte offset where every unit of that many rows starts, plus the file's
-    end: unit k is ``bytes[starts[k]:starts[k + 1]]``. A corpus of 10^8 lines is planned in
-    constant memory and each unit later reads only its own bytes, not the whole file."""
-    rows, size, last = 0, 0, b"\n"
-    starts = [0] if unit_rows else None
-    with fsspec.open(url, "rb", **storage_options(url)) as f:
-        while chunk := f.read(TEXT_CHUNK):
-            if unit_rows:
-                ends = np.flatnonzero(np.frombuffer(chunk, np.uint8) == ord("\n"))  # (N,) newline positions
-                lines_done = rows + 1 + np.arange(len(ends))  # lines complete after each newline
-                starts.extend((size + 1 + ends[lines_done % unit_rows == 0]).tolist())
-                rows += len(ends)
-            else:
-                rows += chunk.count(b"\n")
-            size, last = size + len(chunk), chunk[-1:]
-    if last != b"\n":
-        rows += 1  # a last line without a newline
-    if starts is not None:
-        starts = starts[:-(-rows // unit_rows)] + [size]  # a start at the very end (a final newline) holds no row
-    return rows, starts
+def line_rows(unit: WorkUnit, columns: Columns, lines: list[bytes], rows: list[int]) -> UnitRows:
+    kind = input_kind(unit.path)
+    if kind == "text":
+        return UnitRows([str(r) for r in rows], rows, lines, None)
+    parsed: list[ParsedRow] = [parse_jsonl(line, columns.text, columns.id) for line in lines] if kind == "jsonl" \
+        else [parse_tsv(line, columns.tsv_column) for line in lines]
+    ids = [p.id if p.id is not None else str(r) for p, r in zip(parsed, rows)]
+    return UnitRows(ids, rows, [p.text for p in parsed], None, [p.problem for p in parsed],
+                    [p.fields for p in parsed] if kind == "jsonl" else None)

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raymt.pipeline import units
+from raymt.pipeline import textfiles
 from raymt.pipeline.units import (Columns, CorruptInput, InputError, auto_unit_rows, check_apart, plan_units,
                             read_text_lines, read_unit)
 
@@ -65,7 +65,7 @@ TEXTS = [b"", b"\n", b"\n\n", b"a", b"a\n", b"a\nb", b"x\r\n\r\ny", b"eins\r\nzw
 def test_text_units_read_their_own_bytes_and_give_the_file_s_lines(tmp_path, monkeypatch, data, chunk) -> None:
     """Every unit of a text file reads only its byte range (planned in one streaming pass, scanned in
     chunks that cut lines and CRLFs anywhere), and together they give exactly the file's lines."""
-    monkeypatch.setattr(units, "TEXT_CHUNK", chunk)
+    monkeypatch.setattr(textfiles, "TEXT_CHUNK", chunk)
     (tmp_path / "in.txt").write_bytes(data)
     whole = read_text_lines(str(tmp_path / "in.txt"))
     for size in (1, 2, 3, 7, 1000, lambda rows: 2):  # a size known up front, and one from the total rows
@@ -85,7 +85,7 @@ def test_a_text_file_changed_after_planning_fails_its_unit_clearly(tmp_path) -> 
 
 def test_a_large_text_file_is_planned_and_read_in_bounded_memory(tmp_path, monkeypatch) -> None:
     """200,000 lines (12 MB): planning holds one scan chunk, not the lines; a unit reads its bytes only."""
-    monkeypatch.setattr(units, "TEXT_CHUNK", 1 << 20)
+    monkeypatch.setattr(textfiles, "TEXT_CHUNK", 1 << 20)
     line = b"Ein Satz aus einem sehr grossen Korpus, Zeile fuer Zeile.\n"
     (tmp_path / "big.txt").write_bytes(line * 200_000)
     tracemalloc.start()
@@ -96,7 +96,7 @@ def test_a_large_text_file_is_planned_and_read_in_bounded_memory(tmp_path, monke
     read = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert (plan.rows, len(plan.units), rows.rows[0], rows.texts[0]) == (200_000, 80, 100_000, line[:-1])
-    assert planned < 5 * units.TEXT_CHUNK  # the file's lines would take 10x that
+    assert planned < 5 * textfiles.TEXT_CHUNK  # the file's lines would take 10x that
     assert read < 20 * len(line) * 2500  # one unit, never the file
 
 

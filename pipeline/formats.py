@@ -1,0 +1,149 @@
+"""Corpus formats by file name: what an input is read as, what an output is written as, and the
+per-row parsing of line formats. Pure: no IO.
+
+Inputs (the name's last suffix after a compression suffix decides):
+
+    .parquet                  columns (--text-column, --id-column, --reference-column)
+    .jsonl / .ndjson          a JSON object a line (--text-column / --text-field, default ``text``)
+    .tsv                      tab-separated columns, the text in --column N (1-based, as ``cut -f``)
+    anything else             plain text, a sentence a line
+    + .gz .bz2 .xz .zst       the text formats compressed (Parquet compresses inside the file)
+
+Outputs: a directory of Parquet parts, or one file: ``.parquet``, ``.jsonl`` / ``.ndjson``, ``.tsv``
+(source, tab, translation) or plain text (any other name), the text ones optionally compressed by the
+same suffixes. Names that promise a format the job does not write (``.csv``, ``.json``, ``.xlsx``,
+...) are refused before any work, never written as text.
+
+A line that cannot be parsed (invalid JSON, not an object, a missing or non-string text field, too
+few columns) is a row with status ``invalid`` and its reason, never an exception or a lost row.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}  # suffix -> fsspec compression
+MAGIC = {"gzip": b"\x1f\x8b", "bz2": b"BZh", "xz": b"\xfd7zXZ\x00", "zstd": b"\x28\xb5\x2f\xfd"}
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+TEXT_INPUT_SUFFIXES = (".txt", ".tsv", *JSONL_SUFFIXES)  # what a directory input is read for, besides .parquet
+REFUSED_OUTPUTS = (".csv", ".json", ".xlsx", ".xls", ".ods", ".xml", ".html", ".htm", ".doc", ".docx", ".pdf",
+                   ".arrow", ".feather", ".orc", ".avro", ".zip", ".7z", ".tar", ".tgz", ".rar", ".lz4", ".z")
+SUPPORTED_OUTPUTS = ("a directory (ends in '/' or has no extension)", ".parquet", ".jsonl", ".tsv",
+                     "text (.txt or any other name)", "the text ones compressed: .gz .bz2 .xz .zst")
+INVALID = "invalid"  # the status of a row whose line cannot be parsed
+
+
+class UnsupportedOutput(ValueError):
+    """``--output`` names a format the job does not write; raised before any work."""
+
+
+def _name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1].lower()
+
+
+def compression_of(path: str) -> str | None:
+    """The fsspec compression of a file by its name (``x.txt.gz`` -> ``gzip``), or None."""
+    name = _name(path)
+    return next((kind for suffix, kind in COMPRESSIONS.items() if name.endswith(suffix)), None)
+
+
+def base_name(path: str) -> str:
+    """The file name without its compression suffix, lower-cased (``a.jsonl.gz`` -> ``a.jsonl``)."""
+    name = _name(path)
+    for suffix in COMPRESSIONS:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def input_kind(path: str) -> str:
+    """``parquet``, ``jsonl``, ``tsv`` or ``text`` (a sentence a line), by the file's name."""
+    name = base_name(path)
+    if name.endswith(".parquet") and compression_of(path) is None:
+        return "parquet"
+    if name.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    return "tsv" if name.endswith(".tsv") else "text"
+
+
+def is_input_file(path: str) -> bool:
+    """Whether a directory input reads this file: ``.parquet``, or .txt / .tsv / .jsonl, plain or compressed."""
+    return _name(path).endswith(".parquet") or base_name(path).endswith(TEXT_INPUT_SUFFIXES)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFormat:
+    """How one assembled output file is written: ``kind`` parquet / jsonl / tsv / text, its
+    compression, the n-best size (text with ``nbest`` > 1: Marian's n-best lines) and the source
+    field's name in JSON lines."""
+
+    kind: str
+    compression: str | None = None
+    nbest: int = 1
+    text_name: str = "text"
+
+
+def output_format(url: str, nbest: int = 1, text_name: str = "text") -> OutputFormat:
+    """The format of a single-file ``--output``, or ``UnsupportedOutput`` in one line naming what is."""
+    name, compression = base_name(url), compression_of(url)
+    refused = next((s for s in REFUSED_OUTPUTS if name.endswith(s)), None)
+    if refused or (name.endswith(".parquet") and compression):
+        what = f"{refused} files" if refused else "compressed Parquet (Parquet compresses inside the file)"
+        raise UnsupportedOutput(f"--output {url}: {what} cannot be written; supported outputs: "
+                                f"{', '.join(SUPPORTED_OUTPUTS)}")
+    kind = "parquet" if name.endswith(".parquet") else "jsonl" if name.endswith(JSONL_SUFFIXES) \
+        else "tsv" if name.endswith(".tsv") else "text"
+    if kind == "tsv" and nbest > 1:
+        raise UnsupportedOutput(f"--output {url}: a .tsv output holds one translation a row, and --nbest {nbest} "
+                                f"asks for more; write .jsonl, .parquet or text (Marian's n-best lines) instead")
+    return OutputFormat(kind, compression, nbest, text_name)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRow:
+    """One line of a JSONL / TSV input: its text (None when unparsable), id, other fields (JSON
+    object text, JSONL only) and why it could not be parsed."""
+
+    text: str | bytes | None
+    id: str | None = None
+    fields: str | None = None
+    problem: str | None = None
+
+
+def parse_jsonl(line: bytes, text_field: str = "text", id_field: str | None = None) -> ParsedRow:
+    """A JSON object line -> its text field, id field (``id_field``, else ``id`` if present) and the
+    other fields; an unparsable line -> a row saying why."""
+    try:
+        obj = json.loads(line)
+    except ValueError as e:  # json.JSONDecodeError and invalid UTF-8 alike
+        return ParsedRow(None, problem=f"invalid JSON: {e}")
+    if not isinstance(obj, dict):
+        return ParsedRow(None, problem=f"a JSON {type(obj).__name__}, not an object")
+    id_name = id_field or "id"
+    raw_id = obj.get(id_name)
+    ident = None if raw_id is None else raw_id if isinstance(raw_id, str) else json.dumps(raw_id)
+    others = {k: v for k, v in obj.items() if k not in (text_field, id_name)}
+    fields = json.dumps(others, ensure_ascii=False) if others else None
+    if text_field not in obj:
+        return ParsedRow(None, ident, fields, f"no field {text_field!r}; fields found: {sorted(obj)}")
+    text = obj[text_field]
+    if text is not None and not isinstance(text, str):
+        return ParsedRow(None, ident, fields, f"field {text_field!r} is a JSON {type(text).__name__}, not a string")
+    return ParsedRow(text, ident, fields)
+
+
+def parse_tsv(line: bytes, column: int = 1) -> ParsedRow:
+    """A tab-separated line -> its ``column``-th field (1-based, as ``cut -f``), or why not."""
+    cells = line.split(b"\t")
+    if column > len(cells):
+        return ParsedRow(None, problem=f"{len(cells)} tab-separated column(s), the text is asked from column {column}")
+    return ParsedRow(cells[column - 1])
+
+
+def mark_invalid(statuses: list[str], reasons: list[str],
+                 problems: list[str | None] | None) -> tuple[list[str], list[str]]:
+    """Rows' statuses and reasons, those of unparsable lines (``problems``) replaced by ``invalid`` and why."""
+    if not problems:
+        return statuses, reasons
+    return ([INVALID if p else s for s, p in zip(statuses, problems)],
+            [p if p else r for r, p in zip(reasons, problems)])

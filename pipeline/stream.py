@@ -1,0 +1,138 @@
+"""Translate a stream of lines in this process, without Ray: ``--input -`` (standard input) and / or
+``--output -`` (standard output), for small jobs and shell pipelines::
+
+    echo "Ein Hund läuft." | raymt translate --model models/demo-de-en --input - --output -
+
+Lines are read ``batch_rows`` at a time and each batch goes the job's own way: the same row path
+(``workers/rows.py``: cleaning, statuses, cutting to fit), the same ``DecodeConfig`` (search, batching,
+speed-ups) on one ``Translator``, the same part table (``pipeline/actors.decoded_table``) and the same
+line writers (``pipeline/writers.py``), so a line translates as the Ray job translates it. Output
+goes in input order, flushed after every batch; logs go to standard error only. A file on the
+other side is read or written as its name says (text, TSV, JSON lines, compressed); a file output
+is written whole at the end (``storage.open_whole``). There is no ledger: an interrupted stream is
+rerun, not resumed.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import IO, Callable, Iterable, Iterator
+
+import fsspec
+
+from raymt.pipeline.actors import EncoderWorker, decoded_table
+from raymt.pipeline.formats import OutputFormat, input_kind, mark_invalid, output_format
+from raymt.pipeline.records import EncodedUnit
+from raymt.pipeline.settings import DecoderSettings
+from raymt.pipeline.sink import compressed_writer
+from raymt.pipeline.storage import model_reader, open_whole, storage_options
+from raymt.pipeline.textfiles import open_lines
+from raymt.pipeline.writers import lines_of
+from raymt.pipeline.units import Columns, InputError, UnitRows, WorkUnit, line_rows
+from raymt.workers.device import resolve_device
+from raymt.workers.rows import prepare_rows
+from raymt.workers.translator import Translator
+
+logger = logging.getLogger(__name__)
+STDIO = "-"
+
+
+@dataclass
+class StreamResult:
+    rows: int = 0
+    target_tokens: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+
+
+def stream_kind(url: str) -> str:
+    """The line format of the stream's file side (``-``: plain text)."""
+    if url == STDIO:
+        return "text"
+    kind = input_kind(url)
+    if kind == "parquet":
+        raise InputError(f"{url}: a Parquet input is translated by the job, not as a stream; name an --output file "
+                         f"or directory instead of '-'")
+    return kind
+
+
+def batches(lines: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
+    """Lines (newline and a first byte-order mark stripped) ``size`` at a time."""
+    batch: list[bytes] = []
+    for k, line in enumerate(lines):
+        line = line.rstrip(b"\n").rstrip(b"\r")
+        batch.append(line[3:] if k == 0 and line.startswith(b"\xef\xbb\xbf") else line)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class StreamTranslator:
+    """One ``Translator`` and the job's settings: a batch of lines -> its output lines."""
+
+    def __init__(self, settings: DecoderSettings, columns: Columns, fmt: OutputFormat) -> None:
+        self.settings, self.columns, self.fmt = settings, columns, fmt
+        self.translator = Translator.load(model_reader(settings.model), threads=settings.threads or os.cpu_count(),
+                                          max_batch_size=settings.max_batch_size, speedups=settings.speedups,
+                                          device=resolve_device(settings.device))
+        self.encoder = EncoderWorker(self.translator, columns)
+        self.shortlist = None
+        if settings.shortlist:
+            from raymt.pipeline.shortlists import load_shortlist
+            self.shortlist = load_shortlist(settings.shortlist, self.translator.checkpoint.tokenizer,
+                                            top_m=settings.shortlist_m, top_n=settings.shortlist_n,
+                                            special_ids=self.translator.special_target_ids())
+
+    def lines(self, batch: list[bytes], offset: int, kind: str, result: StreamResult) -> str:
+        """The output lines of input lines ``offset:offset + len(batch)`` (rows numbered from ``offset``)."""
+        unit = WorkUnit(f"stream-{offset}", f"stream.{'txt' if kind == 'text' else kind}", offset, offset + len(batch),
+                        offset, None)
+        rows: UnitRows = line_rows(unit, self.columns, batch, list(range(offset, offset + len(batch))))
+        prepared = prepare_rows(rows.texts, self.encoder.tokenizer.encode, self.encoder.limit)
+        statuses, reasons = mark_invalid(prepared.statuses, prepared.reasons, rows.problems)
+        enc = EncodedUnit(unit, rows.ids, rows.rows,
+                          [t.decode("utf-8", "replace") if isinstance(t, bytes) else t for t in rows.texts], None,
+                          statuses, reasons, prepared.pieces, prepared.piece_row, 0.0)
+        s = self.settings
+        decoded = self.translator.decode_ids(enc.pieces, s.search, self.shortlist, s.batching, static=s.static)
+        table, _ = decoded_table(enc, decoded.hypotheses, self.translator.checkpoint.tokenizer, s.signature)
+        result.rows += len(batch)
+        result.target_tokens += decoded.stats.target_tokens
+        for status in statuses:
+            result.statuses[status] = result.statuses.get(status, 0) + 1
+        return lines_of(table, self.fmt)
+
+
+def translate_stream(input_url: str, output_url: str, settings: DecoderSettings, columns: Columns, *,
+                     stdin: IO[bytes], stdout: IO[bytes], batch_rows: int = 64) -> StreamResult:
+    """Translate ``input_url`` (``-``: ``stdin``) into ``output_url`` (``-``: ``stdout``, flushed per batch)."""
+    kind = stream_kind(input_url)
+    nbest = settings.search.num_hypotheses
+    fmt = OutputFormat("text", nbest=nbest, text_name=columns.text) if output_url == STDIO \
+        else output_format(output_url, nbest, columns.text)
+    if fmt.kind == "parquet":
+        raise InputError(f"--output {output_url}: a stream writes lines (text, .tsv, .jsonl); Parquet output needs "
+                         f"a file --input, translated by the job")
+    worker, result = StreamTranslator(settings, columns, fmt), StreamResult()
+
+    def run(lines: Iterable[bytes], write: Callable[[bytes], None]) -> None:
+        for batch in batches(lines, batch_rows):
+            write(worker.lines(batch, result.rows, kind, result).encode())
+
+    def to_output(lines: Iterable[bytes]) -> None:
+        if output_url == STDIO:
+            run(lines, lambda data: (stdout.write(data), stdout.flush()))
+            return
+        fs, path = fsspec.core.url_to_fs(output_url, **storage_options(output_url))
+        with open_whole(fs, path) as raw, compressed_writer(raw, fmt.compression) as out:
+            run(lines, out.write)
+
+    if input_url == STDIO:
+        to_output(stdin)
+    else:
+        with open_lines(input_url) as f:
+            to_output(f)
+    logger.info("translated %d lines from %s to %s", result.rows, input_url, output_url)
+    return result
