@@ -47,7 +47,7 @@ from raymt.pipeline.model_check import ModelError
 from raymt.pipeline.reports import markdown_table
 from raymt.pipeline.run import PipelineConfig, PipelineResult, UnitsFailed, actor_table, run_pipeline
 from raymt.pipeline.settings import DecoderSettings, PartColumns
-from raymt.pipeline.shortlists import load_shortlist
+from raymt.pipeline.shortlists import load_shortlist, shortlist_for
 from raymt.pipeline.sink import OutputStore
 from raymt.pipeline.storage import storage_options
 from raymt.pipeline.stream import STDIO, translate_stream
@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args.shortlist = shortlist_for(args.shortlist, args.model)  # a Marian directory's lex.s2t by default
     try:
         decode = decode_config(args)
     except ValueError as e:  # e.g. --nbest above --beam-size: a usage error, not a traceback

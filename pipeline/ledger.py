@@ -22,7 +22,7 @@ from raymt.pipeline.storage import storage_options
 
 PLAN = "_PLAN.json"
 MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "source.spm", "target.spm", "vocab.json",
-               "target_vocab.json")
+               "target_vocab.json", "decoder.yml", "model.npz", "vocab.yml", "vocab.spm")  # (the last four: Marian's)
 
 
 class PlanMismatch(RuntimeError):

@@ -17,6 +17,10 @@ reads only small files and the weights' header, allocates no weights, and takes 
   memory-mapped onto the meta device (no weight is read) and checked like those of safetensors. On an
   object store only its first bytes and its size are checked (a zip archive, at least 2 bytes for each
   weight the config implies); its shapes are checked when a decoder loads it.
+- a Marian ``.npz`` directory (``decoder.yml`` or ``model.npz``): read and converted as a decoder loads
+  it (``raymt.workers.marian_npz``, which reads the weights), every problem listed; a CTranslate2
+  directory, or a name that is no directory but looks like a Hugging Face hub id, is refused in one
+  line saying what to pass instead (``raymt.workers.model_formats``).
 """
 from __future__ import annotations
 
@@ -28,16 +32,19 @@ import fsspec
 import sentencepiece as spm
 import torch
 
-from raymt.pipeline.storage import on_disk, storage_options
+from raymt.pipeline.storage import directory_reader, on_disk, storage_options
 from raymt.workers.checkpoint import (
     StateLayout,
     UnsupportedCheckpoint,
     config_from_hf,
     expected_layout,
+    load_tokenizer,
     separate_target_vocab,
     shape_problems,
 )
 from raymt.workers.config import ModelConfig
+from raymt.workers.marian_npz import MarianReader
+from raymt.workers.model_formats import ModelFormatError, hub_hint, looks_like_hub_id, open_model
 
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
 TOKENIZER_FILE_LIMIT = 64 << 20  # bytes; real sentencepiece models and vocabularies are 0.1-5 MB
@@ -62,13 +69,41 @@ def check_model(url: str) -> None:
     fs, root = fsspec.core.url_to_fs(url, **storage_options(url))
     root = root.rstrip("/")
     if not fs.isdir(root):
+        if not fs.exists(root) and looks_like_hub_id(url):
+            raise ModelError(url, [hub_hint(url)])
         raise ModelError(url, ["no such directory" if not fs.exists(root) else "not a directory"])
+    if _marian_checked(url):
+        return
     hf, cfg, problems = _config(fs, f"{root}/config.json")
     problems += _tokenizer_problems(fs, root, cfg, hf)
     layout = expected_layout(cfg) if cfg is not None else None
     problems += _weights_problems(fs, root, layout)
     if problems:
         raise ModelError(url, problems)
+
+
+def _marian_checked(url: str) -> bool:
+    """Whether ``url`` is a Marian .npz directory (checked as it loads: read, converted, its config,
+    tokenizer and weight shapes validated; every problem raised at once), or a CTranslate2 directory
+    (refused in one line). False for any other directory, which the checks below cover."""
+    try:
+        reader = open_model(directory_reader(url), url)
+    except ModelFormatError as e:
+        raise ModelError(url, [str(e)]) from None
+    except UnsupportedCheckpoint as e:
+        raise ModelError(url, e.reasons) from None
+    if not isinstance(reader, MarianReader):
+        return False
+    try:
+        _, cfg, _ = load_tokenizer(reader)
+    except UnsupportedCheckpoint as e:
+        raise ModelError(url, [f"converted config: {r}" for r in e.reasons]) from None
+    except (ValueError, FileNotFoundError) as e:
+        raise ModelError(url, [f"vocabularies: {e}"]) from None
+    problems = shape_problems(expected_layout(cfg), {k: tuple(v.shape) for k, v in reader.state.items()})
+    if problems:
+        raise ModelError(url, capped(problems))
+    return True
 
 
 def capped(problems: list[str], limit: int = LISTED_TENSOR_PROBLEMS) -> list[str]:

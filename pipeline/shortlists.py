@@ -2,9 +2,12 @@
 or a CTranslate2 vocabulary map (``.vmap``), read into a ``raymt.workers.shortlist.Shortlist``."""
 from __future__ import annotations
 
+import logging
+
 import fsspec
 
-from raymt.pipeline.storage import read_text, storage_options, write_text
+from raymt.pipeline.extras import MissingExtra
+from raymt.pipeline.storage import directory_reader, read_text, storage_options, write_text
 from raymt.workers.shortlist import (
     LexicalTable,
     Shortlist,
@@ -14,6 +17,8 @@ from raymt.workers.shortlist import (
     write_vocab_map,
 )
 from raymt.workers.tokenizer import MarianTokenizer
+
+logger = logging.getLogger(__name__)
 
 
 def load_table(url: str, tok: MarianTokenizer) -> LexicalTable:
@@ -42,3 +47,33 @@ def save_table(url: str, table: LexicalTable, tok: MarianTokenizer, *, top_m: in
         return
     write_text(url, write_lex_s2t(table, source_pieces, target_pieces))
     write_text(url + ".freq", "\n".join(target_pieces[t] for t in table.frequent) + "\n")
+
+
+def model_shortlist(model_url: str) -> str | None:
+    """The lexical shortlist a Marian model directory ships (decoder.yml's ``shortlist:`` text file,
+    or ``lex.s2t``), as a URL; None for any other model or when it has none."""
+    from raymt.workers.marian_npz import DecoderSettings, decoder_settings, shortlist_candidates
+    fs, root = fsspec.core.url_to_fs(model_url, **storage_options(model_url))
+    root = root.rstrip("/")
+    if fs.exists(f"{root}/decoder.yml"):
+        settings, _ = decoder_settings(directory_reader(model_url))
+    elif fs.exists(f"{root}/model.npz"):
+        settings = DecoderSettings("model.npz", ("", ""))
+    else:
+        return None
+    found = [n for n in shortlist_candidates(settings) if fs.exists(f"{root}/{n}")] if settings else []
+    return f"{model_url.rstrip('/')}/{found[0]}" if found else None
+
+
+def shortlist_for(flag: str | None, model_url: str) -> str | None:
+    """``--shortlist`` as given (``none``: no shortlist); without it, the Marian model directory's own
+    shortlist when it has one (logged)."""
+    if flag:
+        return None if flag == "none" else flag
+    try:
+        found = model_shortlist(model_url)
+    except (MissingExtra, FileNotFoundError):  # (the model's own check reports these, in one line)
+        return None
+    if found:
+        logger.info("using the model's lexical shortlist %s (pass --shortlist none to decode without it)", found)
+    return found

@@ -33,7 +33,14 @@ def storage_options(url: str) -> dict:
 
 
 def model_reader(url: str) -> Callable[[str], bytes | None]:
-    """A ``reader(name) -> bytes | None`` over the checkpoint directory at ``url`` (for raymt.workers.checkpoint)."""
+    """A ``reader(name) -> bytes | None`` over the checkpoint at ``url`` (for raymt.workers.checkpoint): an HF
+    directory as it is, a Marian .npz directory served as one (``raymt.workers.model_formats.open_model``)."""
+    from raymt.workers.model_formats import open_model  # (torch: only where a model is read)
+    return open_model(directory_reader(url), url)
+
+
+def directory_reader(url: str) -> Callable[[str], bytes | None]:
+    """A ``reader(name) -> bytes | None`` over the files of the directory at ``url``, as they are."""
     fs, root = fsspec.core.url_to_fs(url, **storage_options(url))
 
     def read(name: str) -> bytes | None:

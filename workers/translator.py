@@ -15,6 +15,7 @@ from raymt.workers.checkpoint import Checkpoint, Reader, load_checkpoint, local_
 from raymt.workers.config import SearchConfig
 from raymt.workers.decode_config import DEFAULTS
 from raymt.workers.engine import DecodeStats, Engine, StaticStep, batch_schedule
+from raymt.workers.model_formats import open_model
 from raymt.workers.runner import DecodeRunner
 from raymt.workers.scheduler import CapacityUnit, SchedulerConfig
 from raymt.workers.search import Hypothesis
@@ -66,6 +67,7 @@ class Translator:
             torch.set_num_threads(threads)
         device = torch.device(device)
         reader = local_reader(model) if isinstance(model, str) else model
+        reader = open_model(reader, model if isinstance(model, str) else "")  # HF dir as is, Marian .npz adapted
         checkpoint = load_checkpoint(reader, device=device)
         if device.type == "cpu":
             apply_speedups(checkpoint.model, speedups)

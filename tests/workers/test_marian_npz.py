@@ -1,0 +1,283 @@
+"""Marian .npz checkpoint directories load as their HF conversion, and unreadable model paths get one line.
+
+The demo model is written out in Marian's own layout (``tools/marian_export.py``: ``model.npz`` with
+Marian's parameter names and ``special:model.yml``, ``decoder.yml``, ``vocab.yml`` + ``source.spm`` /
+``target.spm``, or the sentencepiece model as ``vocab.spm``), then:
+
+- HF's own Marian converter (``convert_marian_to_pytorch.OpusState``) reads that directory into a
+  ``MarianMTModel`` whose greedy and beam-4 ``generate`` equal ours on the npz directory, token for
+  token (transformers 5 no longer ships the converter: point ``RAYMT_MARIAN_CONVERTER`` at the file
+  from a 4.x release, e.g. 4.46.3, to run it; HF's model loaded from the demo HF directory is compared always);
+- our npz load equals our HF load: every weight, greedy and beam-5 n-best tokens and scores;
+- refusals: a CTranslate2 directory, a hub id, unsupported Marian options (all at once), missing
+  vocabularies, each reason one line; the translate job gives the same output from either directory.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from raymt.pipeline.model_check import ModelError, check_model
+from raymt.pipeline.shortlists import shortlist_for
+from raymt.workers.checkpoint import UnsupportedCheckpoint, local_reader
+from raymt.workers.config import SearchConfig
+from raymt.workers.marian_npz import MarianReader
+from raymt.workers.model_formats import ModelFormatError, open_model
+from raymt.workers.translator import Translator
+from tests.conftest import ROOT, shared_path
+from tools.marian_export import export
+
+pytestmark = [pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses"),
+              pytest.mark.usefixtures("one_thread")]
+NUM_LINES = 8
+MAX_NEW_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def marian_dir(demo_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("marian") / "demo-de-en"
+    export(str(demo_model_dir), str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def german() -> list[str]:
+    return shared_path("multi30k", "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:NUM_LINES]
+
+
+@pytest.fixture(scope="module")
+def ours_npz(marian_dir) -> Translator:
+    return Translator.load(str(marian_dir))
+
+
+@pytest.fixture(scope="module")
+def ours_hf(demo_model_dir) -> Translator:
+    return Translator.load(str(demo_model_dir))
+
+
+def search(beam: int) -> SearchConfig:
+    return SearchConfig(beam_size=beam, num_hypotheses=beam, max_decoding_length=MAX_NEW_TOKENS,
+                        max_length_b=MAX_NEW_TOKENS)
+
+
+def hf_generate(model, pad: int, sources: list[list[int]], beam: int) -> list[tuple[int, ...]]:
+    """HF ``generate`` on our token ids (right-padded), the best hypothesis of each without start and padding."""
+    longest = max(map(len, sources))
+    ids = torch.tensor([s + [pad] * (longest - len(s)) for s in sources])
+    mask = torch.tensor([[1] * len(s) + [0] * (longest - len(s)) for s in sources])
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, num_beams=beam, max_new_tokens=MAX_NEW_TOKENS,
+                             do_sample=False, early_stopping=False, length_penalty=1.0, bad_words_ids=[[pad]])
+    rows = []
+    for row in out.tolist():
+        row = row[1:]
+        while row and row[-1] == pad:
+            row.pop()
+        rows.append(tuple(row))
+    return rows
+
+
+def assert_generate_equal(hf_model, ours: Translator, german: list[str]) -> None:
+    sources = ours.encode(german)
+    pad = ours.checkpoint.model.config.pad_token_id
+    for beam in (1, 4):
+        theirs = hf_generate(hf_model, pad, sources, beam)
+        mine = [h[0].tokens for h in ours.translate_ids(sources, search(beam))]
+        assert mine == theirs, beam
+
+
+def hf_converter():
+    """HF's ``convert_marian_to_pytorch`` module: transformers' own, or the file ``RAYMT_MARIAN_CONVERTER`` names."""
+    try:
+        return importlib.import_module("transformers.models.marian.convert_marian_to_pytorch")
+    except ImportError:
+        path = os.environ.get("RAYMT_MARIAN_CONVERTER")
+        if not path:
+            import transformers
+            pytest.skip(f"transformers {transformers.__version__} no longer ships models/marian/"
+                        "convert_marian_to_pytorch.py (4.46.3 does); set RAYMT_MARIAN_CONVERTER to that file "
+                        "from a 4.x release to run HF's converter here (HF's model from the demo HF directory is "
+                        "compared in test_hf_model_of_the_demo_equals_ours_from_npz)")
+    spec = importlib.util.spec_from_file_location("convert_marian_to_pytorch", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_hf_converter_reads_the_npz_directory_to_our_outputs(marian_dir, ours_npz, german, tmp_path):
+    pytest.importorskip("transformers")
+    converter = hf_converter()
+    source = tmp_path / "opus-mt-de-en"  # (the converter writes its vocab.json into the directory it reads)
+    shutil.copytree(marian_dir, source)
+    state = converter.OpusState(source)
+    model = state.load_marian_model().eval()
+    assert model.config.pad_token_id == ours_npz.checkpoint.model.config.pad_token_id
+    assert state.tokenizer(german).input_ids == ours_npz.encode(german)
+    assert_generate_equal(model, ours_npz, german)
+
+
+def test_hf_model_of_the_demo_equals_ours_from_npz(demo_model_dir, ours_npz, german):
+    transformers = pytest.importorskip("transformers")
+    model = transformers.MarianMTModel.from_pretrained(str(demo_model_dir), dtype=torch.float32).eval()
+    assert_generate_equal(model, ours_npz, german)
+
+
+@pytest.mark.parametrize("spm_vocab", [False, True], ids=["vocab.yml", "vocab.spm"])
+def test_npz_weights_and_config_equal_the_hf_directory(demo_model_dir, marian_dir, tmp_path, spm_vocab):
+    directory = marian_dir
+    if spm_vocab:
+        directory = tmp_path / "spm"
+        export(str(demo_model_dir), str(directory), spm_vocab=True)
+    reader = open_model(local_reader(str(directory)), str(directory))
+    assert isinstance(reader, MarianReader)
+    ours = Translator.load(reader).checkpoint
+    theirs = Translator.load(str(demo_model_dir)).checkpoint
+    a, b = ours.model.state_dict(), theirs.model.state_dict()
+    assert set(a) == set(b)
+    for key in a:
+        if key.endswith("embed_positions.weight"):  # static tables, not in the npz: HF's conversion keeps
+            # dim-emb (256) positions, the demo 512, which it stores in float16 (ours are computed in float32)
+            assert a[key].shape[0] == 256 and torch.allclose(a[key], b[key][:256], atol=1e-3), key
+        else:
+            assert torch.equal(a[key], b[key]), key
+    assert ours.tokenizer.source_vocab == theirs.tokenizer.source_vocab
+    assert json.loads(reader("vocab.json"))["<pad>"] == 8000
+    same = ("vocab_size", "decoder_vocab_size", "pad_token_id", "eos_token_id", "decoder_start_token_id",
+            "forced_eos_token_id", "activation_function", "scale_embedding", "tie_word_embeddings", "d_model",
+            "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim", "encoder_attention_heads")
+    assert {k: ours.hf_config[k] for k in same} == {k: theirs.hf_config[k] for k in same}
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_npz_decodes_as_the_hf_directory(ours_npz, ours_hf, german, beam):
+    cfg = search(beam)
+    mine = ours_npz.translate_ids(ours_npz.encode(german), cfg)
+    theirs = ours_hf.translate_ids(ours_hf.encode(german), cfg)
+    assert [[h.tokens for h in hs] for hs in mine] == [[h.tokens for h in hs] for hs in theirs]
+    # scores: within 1e-4 (the demo's stored position table is float16-rounded; Marian's npz holds none)
+    assert [h.score for hs in mine for h in hs] == pytest.approx([h.score for hs in theirs for h in hs], abs=1e-4)
+    assert [t.text for t in ours_npz.translate(german, cfg)] == [t.text for t in ours_hf.translate(german, cfg)]
+
+
+# --- refusals: one line each ---------------------------------------------------------------------
+
+def one_line(message: str) -> str:
+    assert "\n" not in message, message
+    return message
+
+
+def test_ctranslate2_directory_is_refused_in_one_line(tmp_path):
+    ct2 = tmp_path / "ct2-de-en"  # CTranslate2's files and config keys (TransformersConverter's output)
+    ct2.mkdir()
+    (ct2 / "model.bin").write_bytes(b"\0" * 64)
+    (ct2 / "shared_vocabulary.json").write_text(json.dumps(["</s>", "<unk>", "a"]))
+    (ct2 / "config.json").write_text(json.dumps({
+        "add_source_bos": False, "add_source_eos": False, "bos_token": "<s>", "decoder_start_token": "</s>",
+        "eos_token": "</s>", "layer_norm_epsilon": None, "multi_query_attention": False, "unk_token": "<unk>"}))
+    with pytest.raises(ModelFormatError) as err:
+        Translator.load(str(ct2))
+    assert one_line(str(err.value)).startswith(f"{ct2} is a CTranslate2 model directory (model.bin), a converted format")
+    assert "pass the HF or Marian checkpoint it was converted from" in str(err.value)
+    assert "Marian .npz directory" in str(err.value) and "NLLB/M2M100" in str(err.value)
+    with pytest.raises(ModelError) as err:
+        check_model(str(ct2))
+    assert err.value.problems == [str(ModelFormatError(str(err.value.problems[0])))]
+    assert "CTranslate2" in one_line(err.value.problems[0])
+
+
+def test_hub_id_gets_the_download_command(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelFormatError) as err:
+        Translator.load("Helsinki-NLP/opus-mt-de-en")
+    message = one_line(str(err.value))
+    assert "huggingface-cli download Helsinki-NLP/opus-mt-de-en --local-dir models/opus-mt-de-en" in message
+    assert "hf download Helsinki-NLP/opus-mt-de-en" in message
+    with pytest.raises(ModelError) as err:
+        check_model("Helsinki-NLP/opus-mt-de-en")
+    assert len(err.value.problems) == 1 and "huggingface-cli download" in one_line(err.value.problems[0])
+
+
+def test_unsupported_options_are_all_listed_at_once(demo_model_dir, tmp_path):
+    bad = tmp_path / "bad"
+    export(str(demo_model_dir), str(bad), extra_options={
+        "type": "s2s", "transformer-preprocess": "n", "transformer-postprocess": "da",
+        "transformer-ffn-activation": "gelu", "transformer-decoder-autoreg": "average-attention"})
+    with pytest.raises(UnsupportedCheckpoint) as err:
+        Translator.load(str(bad))
+    reasons = [one_line(r) for r in err.value.reasons]
+    assert reasons == [
+        "type='s2s' (supported: 'transformer')",
+        "transformer-postprocess='da' (supported: 'dan')",
+        "transformer-preprocess='n' (supported: '')",
+        "transformer-decoder-autoreg='average-attention' (supported: 'self-attention')",
+        "transformer-ffn-activation='gelu' (supported: swish, relu; Marian's gelu is x * sigmoid(1.702 x), "
+        "which no HF activation here computes)",
+    ]
+    with pytest.raises(ModelError) as err:
+        check_model(str(bad))
+    assert err.value.problems == reasons
+
+
+def test_missing_vocabularies_and_parameters_are_all_listed(marian_dir, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(marian_dir, broken)
+    (broken / "vocab.yml").unlink()
+    with np.load(broken / "model.npz") as npz:
+        arrays = {k: npz[k] for k in npz.files if k != "decoder_l2_context_Wq"}
+    np.savez(broken / "model.npz", **arrays, Wpos=np.zeros((4, 4), np.float32))
+    with pytest.raises(UnsupportedCheckpoint) as err:
+        Translator.load(str(broken))
+    assert [one_line(r) for r in err.value.reasons] == ["vocabulary file vocab.yml missing"] * 2
+    shutil.copy(marian_dir / "vocab.yml", broken / "vocab.yml")
+    (broken / "target.spm").unlink()
+    with pytest.raises(ModelError) as err:
+        check_model(str(broken))
+    assert err.value.problems == [
+        "target.spm missing (the sentencepiece model that vocab.yml's pieces come from)"]
+    shutil.copy(marian_dir / "target.spm", broken / "target.spm")
+    with pytest.raises(ModelError) as err:
+        check_model(str(broken))
+    assert err.value.problems == ["parameter decoder_l2_context_Wq missing from the npz",
+                                  "npz parameters this model has no place for: Wpos"]
+
+
+# --- the translate job ----------------------------------------------------------------------------
+
+def test_translate_job_gives_the_hf_directory_output(demo_model_dir, marian_dir, tmp_path, caplog):
+    from raymt.jobs.translate import main
+    sample = ROOT / "examples" / "sample.de.txt"
+    outputs = {}
+    for name, model in (("hf", demo_model_dir), ("npz", marian_dir)):
+        out = tmp_path / f"{name}.en.txt"
+        main(["--in-process", "--model", str(model), "--input", str(sample), "--output", str(out), "--beam-size", "2"])
+        outputs[name] = out.read_text(encoding="utf-8")
+    assert outputs["npz"] == outputs["hf"] and outputs["hf"].count("\n") == sample.read_text().count("\n")
+    assert "using the model's lexical shortlist" not in caplog.text
+
+
+def test_marian_directory_lexical_shortlist_is_used_by_default(marian_dir, tmp_path, caplog):
+    with_lex = tmp_path / "with-lex"
+    shutil.copytree(marian_dir, with_lex)
+    (with_lex / "lex.s2t").write_text("▁dog ▁Hund 0.9\n▁a ▁Ein 0.8\n", encoding="utf-8")
+    caplog.set_level("INFO")
+    assert shortlist_for(None, str(with_lex)) == f"{with_lex}/lex.s2t"
+    assert "using the model's lexical shortlist" in caplog.text
+    assert shortlist_for("none", str(with_lex)) is None
+    assert shortlist_for("other.s2t", str(with_lex)) == "other.s2t"
+    assert shortlist_for(None, str(marian_dir)) is None
+    assert open_model(local_reader(str(with_lex)), str(with_lex)).shortlist == "lex.s2t"
+    (with_lex / "decoder.yml").write_text((with_lex / "decoder.yml").read_text() + "shortlist:\n  - lex.s2t\n  - 50\n  - 50\n")
+    assert shortlist_for(None, str(with_lex)) == f"{with_lex}/lex.s2t"
+
+
+def test_python_api_loads_the_npz_directory(demo_model_dir, marian_dir, german):
+    from raymt import Translator as Api
+    assert Api.load(str(marian_dir)).translate(german[:3]) == Api.load(str(demo_model_dir)).translate(german[:3])
