@@ -1,4 +1,6 @@
-"""HF Marian / OPUS-MT checkpoint directory <-> ``MarianModel`` + ``MarianTokenizer``.
+"""HF Marian / OPUS-MT checkpoint directory <-> ``MarianModel`` + ``MarianTokenizer``; M2M100 / NLLB-200
+directories (``model_type: "m2m_100"``) load here too, their config and tokenizer mapped by
+``workers/m2m100.py`` and ``workers/lang_tokenizer.py``.
 
 A directory holds ``config.json``, ``model.safetensors`` or ``pytorch_model.bin``, ``source.spm``,
 ``target.spm``, ``vocab.json`` (and ``target_vocab.json`` when vocabularies are separate).
@@ -19,7 +21,7 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import torch
@@ -29,6 +31,7 @@ from torch.overrides import TorchFunctionMode
 
 from raymt.workers.config import ACTIVATIONS, ModelConfig
 from raymt.workers.model import MarianModel
+from raymt.workers.lang_tokenizer import LanguageTokenizer, load_language_tokenizer
 from raymt.workers.tokenizer import MarianTokenizer, load_vocab
 
 logger = logging.getLogger(__name__)
@@ -122,10 +125,16 @@ def token_id_reasons(ids: dict[str, object], vocab: int, dec_vocab: int) -> list
 
 def config_from_hf(hf: dict) -> ModelConfig:
     """Map an HF ``config.json`` dict to ``ModelConfig``, raising once with every unsupported option
-    and every size or token id out of bounds (``SIZE_LIMITS``), before anything is allocated."""
+    and every size or token id out of bounds (``SIZE_LIMITS``), before anything is allocated.
+    M2M100 / NLLB configs (``model_type: "m2m_100"``) map through ``workers/m2m100.py``."""
+    from raymt.workers import m2m100  # (it builds on this module's checks)
+    if hf.get("model_type") in m2m100.REFUSED_TYPES:
+        raise UnsupportedCheckpoint([m2m100.REFUSED_TYPES[hf["model_type"]]])
+    if hf.get("model_type") == m2m100.MODEL_TYPE:
+        return m2m100.config_from_m2m100(hf)
     reasons = []
     if hf.get("model_type", "marian") != "marian":
-        reasons.append(f"model_type={hf.get('model_type')!r} (only 'marian')")
+        reasons.append(f"model_type={hf.get('model_type')!r} (only 'marian' and 'm2m_100')")
     for key, supported in (("normalize_before", False), ("normalize_embedding", False),
                            ("add_final_layer_norm", False), ("static_position_embeddings", True),
                            ("add_bias_logits", False), ("scale_embedding", None)):
@@ -258,8 +267,14 @@ def load_state(model: MarianModel, weights: dict[str, torch.Tensor]) -> None:
 @dataclass
 class Checkpoint:
     model: MarianModel
-    tokenizer: MarianTokenizer
+    tokenizer: MarianTokenizer | LanguageTokenizer  # LanguageTokenizer: M2M100 / NLLB (language codes)
     hf_config: dict
+    generation: dict = field(default_factory=dict)  # M2M100 / NLLB: ``m2m100.generation_settings``
+
+    @property
+    def multilingual(self) -> bool:
+        """Whether sources and targets name their languages (M2M100, NLLB-200)."""
+        return isinstance(self.tokenizer, LanguageTokenizer)
 
 
 def load_checkpoint(read: Reader, dtype: torch.dtype = torch.float32,
@@ -270,7 +285,11 @@ def load_checkpoint(read: Reader, dtype: torch.dtype = torch.float32,
     load_state(model, read_weights(read))
     model.logits_bias()  # whether the bias is zero, read here on the host (a device never reads it back)
     model = model.to(device=device, dtype=dtype).eval()
-    return Checkpoint(model, tokenizer, hf)
+    generation = {}
+    if isinstance(tokenizer, LanguageTokenizer):
+        from raymt.workers.m2m100 import generation_settings
+        generation = generation_settings(read, hf)
+    return Checkpoint(model, tokenizer, hf, generation)
 
 
 def separate_target_vocab(cfg: ModelConfig, hf: dict) -> bool:
@@ -278,13 +297,15 @@ def separate_target_vocab(cfg: ModelConfig, hf: dict) -> bool:
     return not cfg.share_encoder_decoder_embeddings or bool(hf.get("separate_vocabs"))
 
 
-def load_tokenizer(read: Reader) -> tuple[MarianTokenizer, ModelConfig, dict]:
+def load_tokenizer(read: Reader) -> tuple[MarianTokenizer | LanguageTokenizer, ModelConfig, dict]:
     """The tokenizer and config of a checkpoint, without its weights (for encoder actors)."""
     raw = read("config.json")
     if raw is None:
         raise FileNotFoundError("checkpoint has no config.json")
     hf = json.loads(raw)
     cfg = config_from_hf(hf)
+    if cfg.position_style == "fairseq":  # M2M100 / NLLB: sentencepiece.bpe.model + vocab or language codes
+        return load_language_tokenizer(read), cfg, hf
     files = {name: read(name) for name in ("source.spm", "target.spm", "vocab.json")}
     missing = [n for n, b in files.items() if b is None]
     if missing:

@@ -7,11 +7,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 ACTIVATIONS = ("swish", "silu", "relu", "gelu", "gelu_new")
+POSITION_STYLES = ("marian", "fairseq")  # sinusoidal tables: Marian's, or M2M100's (fairseq's; workers/model.py)
 
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """Shape of a Marian transformer, as HF ``MarianConfig`` describes it."""
+    """Shape of a Marian transformer, as HF ``MarianConfig`` describes it, or of its M2M100 / NLLB-200
+    variant (``normalize_before``, ``final_layer_norms``, ``position_style="fairseq"``: HF
+    ``M2M100Config``, built by ``workers/m2m100.py``); the defaults are Marian's."""
 
     vocab_size: int  # source (and shared) vocabulary
     decoder_vocab_size: int  # target vocabulary (== vocab_size when shared)
@@ -33,8 +36,13 @@ class ModelConfig:
     dropout: float = 0.1
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
+    normalize_before: bool = False  # pre-norm layers: LayerNorm before attention / FFN, residual after
+    final_layer_norms: bool = False  # a LayerNorm after the last encoder layer and after the last decoder layer
+    position_style: str = "marian"  # "fairseq": rows offset by pad_token_id + 1, padding positions zero
 
     def __post_init__(self) -> None:
+        if self.position_style not in POSITION_STYLES:
+            raise ValueError(f"position_style {self.position_style!r} not in {POSITION_STYLES}")
         if self.activation_function not in ACTIVATIONS:
             raise ValueError(f"activation_function {self.activation_function!r} not in {ACTIVATIONS}")
         for name in ("encoder_attention_heads", "decoder_attention_heads"):

@@ -116,12 +116,16 @@ class Engine:
         self.runner = runner if runner is not None else DecodeRunner(model)
 
     @torch.inference_mode()
-    def decode(self, sources: list[list[int]]) -> list[list[Hypothesis]]:
-        """Source id lists -> per sentence the ``num_hypotheses`` best hypotheses (input order)."""
+    def decode(self, sources: list[list[int]], forced_first: list[int] | None = None) -> list[list[Hypothesis]]:
+        """Source id lists -> per sentence the ``num_hypotheses`` best hypotheses (input order).
+        ``forced_first``: per sentence a token its first generated step must emit, at log-prob 0, or -1
+        (M2M100 / NLLB: its target language, HF's ``forced_bos_token_id`` per row; ``search.force_first_rows``)."""
         if not sources:
             return []
+        if forced_first is not None and len(forced_first) != len(sources):
+            raise ValueError(f"{len(forced_first)} forced first tokens for {len(sources)} sources")
         with self.runner.scope():  # (on CUDA: the runner's device is the current one)
-            scheduler, requests = self._prepare(sources)
+            scheduler, requests = self._prepare(sources, forced_first)
             results: list[list[Hypothesis]] = [[] for _ in sources]
             with record_function("search loop"):  # the step profile's "search": this minus the model's scopes
                 while scheduler.has_work:
@@ -139,7 +143,8 @@ class Engine:
         self.stats.target_tokens += sum(len(r[0].tokens) for r in results if r)
         return results
 
-    def _prepare(self, sources: list[list[int]]) -> tuple[Scheduler, dict[int, Request]]:
+    def _prepare(self, sources: list[list[int]], forced_first: list[int] | None = None
+                 ) -> tuple[Scheduler, dict[int, Request]]:
         """The call's slots in the runner's cache and beam state (reused; grown only where this call
         needs more), its tables, and a scheduler holding every sentence as a request."""
         mc, k, n = self.model.config, self.search.beam_size, self.schedule.max_batch_sentences
@@ -160,17 +165,20 @@ class Engine:
         self._beams = self.runner.beams(k)  # (K,)
         # pinned staging buffers make the step's one host-to-device copy asynchronous on a GPU
         ahead = self.static.readback_every if self.static else 1  # steps the host may run ahead of the device
-        self._to_device = self.runner.copier(4 * slots * k + 3 * slots, ahead)
+        self._to_device = self.runner.copier(5 * slots * k + 3 * slots, ahead)
         if self.candidates is not None:
             self.stats.shortlist_sizes.append(int(self.candidates.numel()))
         self._encoded: dict[int, tuple[EncodedBatch, int]] = {}  # id -> (its batch's K/V, row)
-        self._static = self.runner.static_indices(slots, k, self.forced_eos, self._to_device) if self.static else None
+        forcing = forced_first is not None and max(forced_first) >= 0
+        self._static = (self.runner.static_indices(slots, k, self.forced_eos, self._to_device, forcing)
+                        if self.static else None)
         self._unread = 0  # static steps run since the last readback
         self._in_flight: tuple[HostCopy, list[tuple[int, int]]] | None = None  # late: a readback and its sentences
-        signature = (self.search, self.forced_eos, None if self.candidates is None else id(self._head))
+        signature = (self.search, self.forced_eos, forcing, None if self.candidates is None else id(self._head))
         self._graph = self.runner.graph(slots, signature) if self.static else None
         self._scheduler = Scheduler(schedule, self.stats.scheduler, beam_size=k)
-        requests = {i: Request(i, len(src), max_length=caps[i]) for i, src in enumerate(sources)}
+        firsts = forced_first if forcing else [-1] * len(sources)
+        requests = {i: Request(i, len(src), max_length=caps[i], forced_first=firsts[i]) for i, src in enumerate(sources)}
         for r in requests.values():
             self._scheduler.add(r)
         return self._scheduler, requests
@@ -223,17 +231,21 @@ class Engine:
         rows = np.repeat(slots * k, width) + within
         grid = np.repeat(np.arange(b) * k, width) + within
         force = self.forced_eos and bool(at_max.any())
+        first = np.fromiter((s.forced_first if s.length == 0 else -1 for s in held), np.int64, b)
+        forcing = bool((first >= 0).any())  # some sentence's first step, its first token forced
         parts = [rows, np.repeat(length, width), grid, slots, length + 1, at_max]
-        packed = self._to_device(np.concatenate(parts + ([np.repeat(at_max, width)] if force else [])))
+        parts += ([np.repeat(at_max, width)] if force else []) + ([np.repeat(first, width)] if forcing else [])
+        packed = self._to_device(np.concatenate(parts))
         rows_t, positions_t, grid_t = packed[:n], packed[n: 2 * n], packed[2 * n: 3 * n]
         slots_t, generated_t = packed[3 * n: 3 * n + b], packed[3 * n + b: 3 * n + 2 * b]
-        at_max_t = packed[3 * n + 2 * b:]
+        at_max_t = packed[3 * n + 2 * b: 4 * n + 3 * b]  # at_max (B',), then force (N,) when forced EOS applies
+        forced_t = packed[-n:] if forcing else None
         where = {i: j for j, i in enumerate(expand)}  # each planned sentence's row of the step
         return StepIndex(rows_t, positions_t, None if n == b * k else grid_t, grid_t, slots_t, generated_t,
                          at_max_t[:b], at_max_t[b:] if force else None, t=int(length.max()) + 1,
                          s=max(s.source_length for s in held), shared=bool(length.min() == length.max()),
                          first=int(slots[0]) if slots[-1] - slots[0] == b - 1 else -1,
-                         planned=None, order=[where[i] for i in plan.expand], live_rows=n)
+                         planned=None, order=[where[i] for i in plan.expand], live_rows=n, forced=forced_t)
 
     def _step(self, plan: StepPlan, requests: dict[int, Request]) -> tuple[StepOutput, dict[int, list[Hypothesis]]]:
         """One decoder step for the planned sentences -> (finished ids and the others' widths, the
@@ -301,7 +313,7 @@ class Engine:
                 return self._greedy_update(logits, ix)
         running = st.running[slots]  # (B', K)
         cands, sel = score_step(logits, ix.grid, running, ix.at_max, ix.force, self.model.config, head=self._head,
-                                ops=self.model.ops)
+                                ops=self.model.ops, forced=ix.forced)
         planned = None if ix.planned is None else ix.planned & ~st.done[slots]  # static: done ones stay frozen
         if planned is not None:  # static step: slots not planned finish nothing
             sel = replace(sel, finished=sel.finished & planned[:, None])
@@ -348,7 +360,7 @@ class Engine:
         """Each run row's ``num`` best tokens and log-probs (N, num), ``<pad>`` banned, forced EOS applied."""
         mc = self.model.config
         return row_top_log_probs(logits, num, mc.pad_token_id, ix.force, mc.eos_token_id, self._head.ids,
-                                 self.model.ops, skip=self._head.skip)
+                                 self.model.ops, skip=self._head.skip, forced=ix.forced)
 
     def _candidate_history(self, slots: Tensor, cands: Candidates, t: int) -> Tensor:
         """The first K candidates' (the only ones that may finish) source beams' tokens (B', K, t - 1)

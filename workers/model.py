@@ -3,7 +3,11 @@
 Module names mirror the HF checkpoint keys (``model.encoder.layers.0.self_attn.q_proj.weight``,
 ``lm_head.weight``, ``final_logits_bias``), so loading is an identity map (see ``checkpoint.py``).
 
-Post-norm layers, scaled embeddings, static sinusoidal positions, ``final_logits_bias``.
+Post-norm layers, scaled embeddings, static sinusoidal positions, ``final_logits_bias``. The same
+modules build HF ``M2M100ForConditionalGeneration`` (M2M100, NLLB-200) from ``ModelConfig``'s variant
+fields: pre-norm layers (``normalize_before``), a LayerNorm closing encoder and decoder
+(``final_layer_norms``: ``model.encoder.layer_norm``, ``model.decoder.layer_norm``) and fairseq's
+position table (``position_style="fairseq"``); it has no ``final_logits_bias`` (the buffer stays zero).
 Decoding keeps a self-attention KV cache and cross-attention K/V computed once per sentence
 (Devlin et al. 2017, "pre-compute attention", in its transformer form; workers/cache.py). Every
 decoder row carries its own target position, so rows at different target lengths share one step.
@@ -39,6 +43,20 @@ def sinusoidal_table(num_positions: int, dim: int) -> Tensor:
     return out.float()
 
 
+def fairseq_table(num_positions: int, dim: int, pad_id: int) -> Tensor:
+    """HF ``M2M100SinusoidalPositionalEmbedding`` (fairseq's), its rows from ``pad_id + 1`` on, so row t
+    is target or source position t: sin | cos halves at frequencies ``exp(-j log(10000) / (dim/2 - 1))``,
+    computed in float32 as HF computes them (bit-equal tables)."""
+    half = dim // 2
+    step = math.log(10000) / (half - 1)
+    freq = torch.exp(torch.arange(half, dtype=torch.int64).float() * -step)  # (E/2,)
+    angle = torch.arange(num_positions + pad_id + 1, dtype=torch.int64).float()[:, None] * freq[None, :]
+    table = torch.cat([torch.sin(angle), torch.cos(angle)], dim=1)  # (P + pad + 1, 2 * (E/2))
+    if dim % 2:
+        table = torch.cat([table, torch.zeros(table.shape[0], 1)], dim=1)
+    return table[pad_id + 1:].contiguous()  # (P, E)
+
+
 def activation(name: str):
     return {"swish": F.silu, "silu": F.silu, "relu": F.relu, "gelu": F.gelu,
             "gelu_new": lambda x: F.gelu(x, approximate="tanh")}[name]
@@ -47,11 +65,20 @@ def activation(name: str):
 class SinusoidalPositions(nn.Module):
     """Static position table; a (frozen) parameter so the checkpoint key ``...embed_positions.weight`` maps."""
 
-    def __init__(self, num_positions: int, dim: int) -> None:
+    def __init__(self, num_positions: int, dim: int, style: str = "marian", pad_id: int = 0) -> None:
         super().__init__()
         meta = torch.get_default_device().type == "meta"  # a model built for its shapes only: left uncomputed
-        table = torch.empty(num_positions, dim) if meta else sinusoidal_table(num_positions, dim)  # (P, E)
+        if meta:
+            table = torch.empty(num_positions, dim)
+        elif style == "fairseq":
+            table = fairseq_table(num_positions, dim, pad_id)
+        else:
+            table = sinusoidal_table(num_positions, dim)  # (P, E)
         self.weight = nn.Parameter(table, requires_grad=False)
+
+
+def positions_of(cfg: ModelConfig) -> SinusoidalPositions:
+    return SinusoidalPositions(cfg.max_position_embeddings, cfg.d_model, cfg.position_style, cfg.pad_token_id)
 
 
 class Attention(nn.Module):
@@ -104,14 +131,24 @@ class EncoderLayer(nn.Module):
         self.final_layer_norm = nn.LayerNorm(e)
         self.act = activation(cfg.activation_function)
         self.dropout, self.activation_dropout = cfg.dropout, cfg.activation_dropout
+        self.normalize_before = cfg.normalize_before
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """x (B, S, E), mask (B, 1, 1, S)."""
+        if self.normalize_before:
+            return self.pre_norm_forward(x, mask)
         h = F.dropout(self.self_attn(x, x, mask), self.dropout, self.training)
         x = self.self_attn_layer_norm(x + h)
         h = F.dropout(self.act(self.fc1(x)), self.activation_dropout, self.training)
         h = F.dropout(self.fc2(h), self.dropout, self.training)
         return self.final_layer_norm(x + h)
+
+    def pre_norm_forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """M2M100's pre-norm layer: x + attn(norm(x)), then x + ffn(norm(x)). x (B, S, E)."""
+        h = self.self_attn_layer_norm(x)
+        x = x + F.dropout(self.self_attn(h, h, mask), self.dropout, self.training)
+        h = F.dropout(self.act(self.fc1(self.final_layer_norm(x))), self.activation_dropout, self.training)
+        return x + F.dropout(self.fc2(h), self.dropout, self.training)
 
 
 class DecoderLayer(nn.Module):
@@ -127,14 +164,23 @@ class DecoderLayer(nn.Module):
         self.final_layer_norm = nn.LayerNorm(e)
         self.act = activation(cfg.activation_function)
         self.dropout, self.activation_dropout = cfg.dropout, cfg.activation_dropout
+        self.normalize_before = cfg.normalize_before
 
     def feed_forward(self, x: Tensor) -> Tensor:
-        h = F.dropout(self.act(self.fc1(x)), self.activation_dropout, self.training)
+        """The FFN sublayer with its residual and norm: post-norm ``norm(x + ffn(x))``, or pre-norm
+        ``x + ffn(norm(x))``. x (N|B, [T,] E)."""
+        h = self.final_layer_norm(x) if self.normalize_before else x
+        h = F.dropout(self.act(self.fc1(h)), self.activation_dropout, self.training)
         h = F.dropout(self.fc2(h), self.dropout, self.training)
-        return self.final_layer_norm(x + h)
+        return x + h if self.normalize_before else self.final_layer_norm(x + h)
 
     def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced. x (B, T, E), memory (B, S, E), src_mask (B, 1, 1, S)."""
+        if self.normalize_before:
+            h = self.self_attn_layer_norm(x)
+            x = x + F.dropout(self.self_attn(h, h, None, causal=True), self.dropout, self.training)
+            h = self.encoder_attn(self.encoder_attn_layer_norm(x), memory, src_mask)
+            return self.feed_forward(x + F.dropout(h, self.dropout, self.training))
         h = F.dropout(self.self_attn(x, x, None, causal=True), self.dropout, self.training)
         x = self.self_attn_layer_norm(x + h)
         h = F.dropout(self.encoder_attn(x, memory, src_mask), self.dropout, self.training)
@@ -146,20 +192,25 @@ class Encoder(nn.Module):
     def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding) -> None:
         super().__init__()
         self.embed_tokens = embed_tokens
-        self.embed_positions = SinusoidalPositions(cfg.max_position_embeddings, cfg.d_model)
+        self.embed_positions = positions_of(cfg)
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
         self.dropout = cfg.dropout
+        self.layer_norm = nn.LayerNorm(cfg.d_model) if cfg.final_layer_norms else None
+        self.zero_padding_positions = cfg.position_style == "fairseq"  # fairseq: a <pad> gets the zero row
 
     def forward(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
         """src_ids (B, S) long, src_mask (B, S) bool (True = token) -> memory (B, S, E)."""
         s = src_ids.shape[1]
-        x = self.embed_tokens(src_ids) * self.embed_scale + self.embed_positions.weight[:s]
+        positions = self.embed_positions.weight[:s]  # (S, E)
+        if self.zero_padding_positions:
+            positions = positions * src_mask[:, :, None].to(positions.dtype)  # (B, S, E)
+        x = self.embed_tokens(src_ids) * self.embed_scale + positions
         x = F.dropout(x, self.dropout, self.training)
         mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
         for layer in self.layers:
             x = layer(x, mask)
-        return x
+        return x if self.layer_norm is None else self.layer_norm(x)
 
 
 @dataclass(frozen=True)
@@ -188,10 +239,12 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding) -> None:
         super().__init__()
         self.embed_tokens = embed_tokens
-        self.embed_positions = SinusoidalPositions(cfg.max_position_embeddings, cfg.d_model)
+        self.embed_positions = positions_of(cfg)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
         self.dropout = cfg.dropout
+        self.layer_norm = nn.LayerNorm(cfg.d_model) if cfg.final_layer_norms else None
+        self.normalize_before = cfg.normalize_before
         self.ops: AtenOps = ATEN  # the step's small operators (workers/step_ops.py), set by workers/speedups.py
 
     def forward(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
@@ -202,7 +255,7 @@ class Decoder(nn.Module):
         mask = src_mask[:, None, None, :]
         for layer in self.layers:
             x = layer(x, memory, mask)
-        return x
+        return x if self.layer_norm is None else self.layer_norm(x)
 
     def new_cache(self, slots: int, beam_size: int, source_capacity: int, *, static: bool = False,
                   **kwargs) -> KVCache:
@@ -228,13 +281,26 @@ class Decoder(nn.Module):
         positions = self.embed_positions.weight.index_select(0, at.positions)  # (N, E)
         x = self.embed_tokens(tokens) * self.embed_scale + positions
         ops = self.ops.for_step(x, cache)
+        if self.normalize_before:
+            return self._pre_norm_step(ops, x, at, cache)
         for i, layer in enumerate(self.layers):
             sa, ca = layer.self_attn, layer.encoder_attn
             x = ops.add_norm(layer.self_attn_layer_norm, x, sa.out_proj(ops.self_attention(sa, x, cache, i, at)))
             h = ops.cross_attention(ca.q_proj(x), cache, i, at)  # (N, E): each sentence's beams together
             x = ops.add_norm(layer.encoder_attn_layer_norm, x, ca.out_proj(h))
             x = ops.feed_forward(layer, x)
-        return x
+        return x if self.layer_norm is None else self.layer_norm(x)
+
+    def _pre_norm_step(self, ops: AtenOps, x: Tensor, at: StepAt, cache: KVCache) -> Tensor:
+        """``step``'s layers for pre-norm models (M2M100, NLLB): x + sublayer(norm(x)). The backend's
+        attention serves them as it serves post-norm ones; its fused add + LayerNorm is post-norm only,
+        so the norms and residual adds are ATen's here. x (N, E) -> (N, E)."""
+        for i, layer in enumerate(self.layers):
+            sa, ca = layer.self_attn, layer.encoder_attn
+            x = x + sa.out_proj(ops.self_attention(sa, layer.self_attn_layer_norm(x), cache, i, at))
+            h = ops.cross_attention(ca.q_proj(layer.encoder_attn_layer_norm(x)), cache, i, at)  # (N, E)
+            x = layer.feed_forward(x + ca.out_proj(h))  # (pre-norm: never the backend's post-norm FFN)
+        return x if self.layer_norm is None else self.layer_norm(x)
 
 
 class MarianInner(nn.Module):

@@ -211,14 +211,16 @@ class DecodeRunner:
         return HostToDevice(self.device, self._staging)
 
     # ------------------------------------------------------------------ static step and graphs
-    def static_indices(self, slots: int, beam_size: int, forced_eos: bool, copier: HostToDevice) -> StaticIndices:
-        """The static step's index buffer for this bucket and cache, kept across calls (a graph reads it)."""
+    def static_indices(self, slots: int, beam_size: int, forced_eos: bool, copier: HostToDevice,
+                       forced_first: bool = False) -> StaticIndices:
+        """The static step's index buffer for this bucket and cache, kept across calls (a graph reads it);
+        ``forced_first``: its sentences' first tokens are forced (M2M100 / NLLB target languages)."""
         cache = self.cache
-        key = (slots, beam_size, forced_eos, cache.max_length, cache.cross_k.shape[3], self.generation)
+        key = (slots, beam_size, forced_eos, forced_first, cache.max_length, cache.cross_k.shape[3], self.generation)
         if key not in self._static:
             self._static = {k: v for k, v in self._static.items() if k[-1] == self.generation}
             self._static[key] = StaticIndices(slots, beam_size, cache.max_length - 1, cache.cross_k.shape[3],
-                                              forced_eos, self.device, copier)
+                                              forced_eos, self.device, copier, forced_first)
         indices = self._static[key]
         indices.to_device = copier
         indices.reset()

@@ -84,6 +84,7 @@ class Request:
     status: Status = Status.WAITING
     max_length: int = 0  # the cap on its generated tokens (the engine's; the scheduler only carries it)
     slot: int = -1  # its slot while running (given at admission, freed when it finishes)
+    forced_first: int = -1  # a token its first generated step must emit (M2M100 / NLLB: the target language), or -1
 
 
 @dataclass(frozen=True)

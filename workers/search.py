@@ -44,9 +44,22 @@ def force_eos_rows(top: RowTop, force_eos: Tensor | None, eos_id: int) -> RowTop
                   torch.where(force_eos[:, None], forced_tok, top.tokens))
 
 
+def force_first_rows(top: RowTop, forced: Tensor | None) -> RowTop:
+    """Rows where ``forced`` (N,) holds a token id (-1: none) keep only that token, at log-prob 0: HF's
+    ``ForcedBOSTokenLogitsProcessor`` (``forced_bos_token_id``: every score -inf but the forced one's 0)
+    at a sentence's first generated step, per row (M2M100 / NLLB: each row's target language)."""
+    if forced is None:
+        return top
+    on = (forced >= 0)[:, None]  # (N, 1)
+    forced_lp = torch.full_like(top.log_probs, NEG_INF)
+    forced_lp[:, 0] = 0.0
+    return RowTop(torch.where(on, forced_lp, top.log_probs),
+                  torch.where(on, forced[:, None].expand_as(top.tokens), top.tokens))
+
+
 def row_top_log_probs(logits: Tensor, num: int, pad_id: int, force_eos: Tensor | None = None,
                       eos_id: int = 0, token_ids: Tensor | None = None, ops: AtenOps = ATEN,
-                      skip: int | None = None) -> RowTop:
+                      skip: int | None = None, forced: Tensor | None = None) -> RowTop:
     """Output step: logits (N, V) -> each row's ``num`` best log-probs, ``<pad>`` banned.
 
     One log-softmax (``<pad>`` included in the normaliser, as HF normalises before banning), one
@@ -54,16 +67,19 @@ def row_top_log_probs(logits: Tensor, num: int, pad_id: int, force_eos: Tensor |
     row with the same values). On CPU torch's vectorised log-softmax costs less than a separate
     logsumexp pass, so this beats a fused torch form (``benchmarks.search_variants.row_top_log_probs_fused``;
     benchmarks.bench_search measures both). Rows where ``force_eos`` is set get EOS at log-prob 0 and
-    nothing else. With a shortlist, logits are over candidate positions (N, C) and ``token_ids`` (C,)
-    maps positions to vocabulary ids; ``skip``: the column of ``<pad>`` when the caller knows it
-    (``OutputHead.skip``, found once per decode), else it is looked up here.
+    nothing else; rows where ``forced`` (N,) holds a token id get that token at log-prob 0 and
+    nothing else (a sentence's forced first token, ``force_first_rows``; forced EOS wins where both
+    apply, as HF's processors run). With a shortlist, logits are over candidate positions (N, C) and
+    ``token_ids`` (C,) maps positions to vocabulary ids (a forced token is a vocabulary id, in the
+    shortlist or not); ``skip``: the column of ``<pad>`` when the caller knows it (``OutputHead.skip``,
+    found once per decode), else it is looked up here.
     """
     if skip is None:
         skip = pad_id if token_ids is None else _column(token_ids, pad_id)
     log_probs, tokens = ops.row_top(logits, num, skip)  # (N, M)
     if token_ids is not None:
         tokens = token_ids[tokens]
-    return force_eos_rows(RowTop(log_probs, tokens), force_eos, eos_id)
+    return force_eos_rows(force_first_rows(RowTop(log_probs, tokens), forced), force_eos, eos_id)
 
 
 def _column(token_ids: Tensor, token: int) -> int:
@@ -164,14 +180,15 @@ class Hypothesis:
 
 
 def score_step(logits: Tensor, grid: Tensor | None, running: Tensor, at_max: Tensor, force: Tensor | None, mc, *,
-               head, ops) -> tuple[Candidates, StepSelection]:
+               head, ops, forced: Tensor | None = None) -> tuple[Candidates, StepSelection]:
     """One beam step's scoring. logits (N, V|C) of the run rows; grid (N,) their entries in the
     (B' x K) layout (None: every entry runs, N = B' x K); running (B', K) cumulative scores (-inf =
     no beam); at_max (B',) sentences at their length cap; force (N,) rows that may only end (forced
-    EOS; None: none does); head: the output layer (its candidate ids and ``<pad>`` column)."""
+    EOS; None: none does); head: the output layer (its candidate ids and ``<pad>`` column); forced (N,)
+    each row's forced token, -1 none (a sentence's first token; None: no row has one)."""
     b, k = running.shape
     top = row_top_log_probs(logits, 2 * k, mc.pad_token_id, force, mc.eos_token_id, head.ids, ops,
-                            skip=head.skip)  # (N, M)
+                            skip=head.skip, forced=forced)  # (N, M)
     m = top.log_probs.shape[1]
     if k == 1:  # one row per sentence: its best M are the sentence's candidates, already sorted
         cands = Candidates(top.log_probs + running, torch.zeros_like(top.tokens), top.tokens, top.log_probs)

@@ -10,6 +10,7 @@ device buffer, per slot:
     capped     whether this step reaches its length cap (forced EOS)
     planned    whether it runs for real
     cap        its length cap
+    forced     the token its first generated step must emit (its target language), -1 otherwise
 
 The host writes the buffer when the plan changes (an admission, a finished sentence read back, a
 policy choosing other sentences). Otherwise the step advances the buffer itself on the device
@@ -29,7 +30,7 @@ from torch import Tensor
 from raymt.workers.scheduler import Request, StepPlan
 from raymt.workers.step_index import StepIndex
 
-FIELDS = 5  # length, generated, capped, planned, cap
+FIELDS = 6  # length, generated, capped, planned, cap, forced
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +61,9 @@ class StaticIndices:
     forgets the last decode's plan."""
 
     def __init__(self, slots: int, beam_size: int, scratch: int, source_capacity: int, forced_eos: bool,
-                 device: torch.device, to_device) -> None:
+                 device: torch.device, to_device, forced_first: bool = False) -> None:
         self.slots, self.k, self.scratch = slots, beam_size, scratch
-        self.s, self.forced_eos = source_capacity, forced_eos
+        self.s, self.forced_eos, self.forced_first = source_capacity, forced_eos, forced_first
         self.all_rows = torch.arange(slots * beam_size, device=device)  # (R,)
         self.all_slots = torch.arange(slots, device=device)  # (slots,)
         self.to_device = to_device
@@ -88,12 +89,14 @@ class StaticIndices:
         length = np.fromiter((requests[i].length for i in expand), np.int64, b)
         width = np.fromiter((requests[i].width for i in expand), np.int64, b)
         runs = length < cap  # one that ended at its cap on the device awaits a readback
-        buffer = np.zeros((FIELDS, c), np.int64)  # length, generated, capped, planned, cap (slots,) each
-        buffer[0], buffer[1] = self.scratch, 1
+        buffer = np.zeros((FIELDS, c), np.int64)  # length, generated, capped, planned, cap, forced (slots,) each
+        buffer[0], buffer[1], buffer[5] = self.scratch, 1, -1
         buffer[4, slot] = cap
         j, at = slot[runs], length[runs]
         buffer[0, j], buffer[1, j], buffer[3, j] = at, at + 1, 1
         buffer[2, j] = at + 1 >= cap[runs]
+        first = np.fromiter((requests[i].forced_first for i in expand), np.int64, b)[runs]
+        buffer[5, j] = np.where(at == 0, first, -1)
         live = int(width[runs].sum())
         fresh = int(min(self.scratch + 1, (cap[runs] - at).min(initial=self.scratch + 1)))
         packed = self.to_device(buffer.reshape(-1))
@@ -104,7 +107,8 @@ class StaticIndices:
         self.index = StepIndex(self.all_rows, b[:c], None, self.all_rows, self.all_slots, b[c: 2 * c], b[2 * c: 3 * c],
                                b[2 * c: 3 * c] if self.forced_eos else None, t=self.scratch + 1, s=self.s, shared=False,
                                first=0, planned=b[3 * c: 4 * c], order=[],  # (its readback covers every slot)
-                               live_rows=live, per_slot=self.k)  # (live_rows: as of the last build)
+                               live_rows=live, per_slot=self.k,  # (live_rows: as of the last build)
+                               forced=b[5 * c:] if self.forced_first else None)
         self.expand, self.age, self.fresh = plan.expand, 0, fresh  # this build's planned set holds for
         self.built += 1  # ``fresh`` steps: then a sentence reaches its cap (the host counts live rows anew)
         return self.index
@@ -116,10 +120,11 @@ class StaticIndices:
     def advance(self) -> None:
         """On the device, after the step's reads: the buffer as the host would write it for the same
         plan one step later (a planned slot one position on; at its cap, no longer planned)."""
-        length, generated, capped, planned, cap = self.buffer.view(FIELDS, self.slots)  # (slots,) each
+        length, generated, capped, planned, cap, forced = self.buffer.view(FIELDS, self.slots)  # (slots,) each
         nxt = length + 1
         go = planned.bool() & (nxt < cap)
         length.copy_(torch.where(go, nxt, self.scratch))
         generated.copy_(torch.where(go, nxt + 1, 1))
         capped.copy_((go & (nxt + 1 >= cap)).long())
         planned.copy_(go.long())
+        forced.fill_(-1)  # (a first step is never advanced to: it follows an admission, which the host builds)

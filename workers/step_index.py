@@ -13,7 +13,8 @@ class StepIndex:
     (B' x K) entries, None when every entry runs (``grid_all``: the same, always given); slots,
     generated, at_max (B',) of the step's slots; force (N,) rows at their cap (None: no row is, or
     no forced EOS); planned (B',) bool, None when every slot of the step is planned (a static step
-    runs them all). Host: t visible positions, s longest source, shared position, first slot when
+    runs them all); forced (N,) each row's forced token (-1: none; a sentence's first generated token,
+    its target language), None when no row has one. Host: t visible positions, s longest source, shared position, first slot when
     consecutive (else -1), order (each planned sentence's row of the step), live_rows. The static
     step sends positions and force per slot (``per_slot`` = K rows each); ``as_masks`` expands them."""
 
@@ -32,7 +33,8 @@ class StepIndex:
     planned: Tensor | None
     order: list[int]
     live_rows: int
-    per_slot: int = 1  # > 1: positions and force hold one entry per slot, for that many rows each
+    per_slot: int = 1  # > 1: positions, force and forced hold one entry per slot, for that many rows each
+    forced: Tensor | None = None
 
     def as_masks(self) -> StepIndex:
         """at_max, force and planned as bool masks (they travel as int64 in the step's one copy), and
@@ -42,4 +44,5 @@ class StepIndex:
             return x if x is None or self.per_slot == 1 else x[:, None].expand(-1, self.per_slot).reshape(-1)
         return replace(self, positions=rows(self.positions), at_max=self.at_max.bool(),
                        force=None if self.force is None else rows(self.force).bool(),
-                       planned=None if self.planned is None else self.planned.bool(), per_slot=1)
+                       planned=None if self.planned is None else self.planned.bool(), per_slot=1,
+                       forced=rows(self.forced))

@@ -96,7 +96,8 @@ class AtenOps:
         return out.view(b, h, k, d).transpose(1, 2).reshape(b * k, e)[at.grid]  # (N, E)
 
     def add_norm(self, norm: nn.LayerNorm, x: Tensor, h: Tensor) -> Tensor:
-        """The post-norm residual ``norm(x + h)``, (N, E)."""
+        """The post-norm residual ``norm(x + h)``, (N, E). Pre-norm models (M2M100) never call it:
+        ``Decoder._pre_norm_step`` normalises and adds itself."""
         return norm(x + h)
 
     def feed_forward(self, layer: nn.Module, x: Tensor) -> Tensor:
@@ -154,4 +155,6 @@ class NativeOps(AtenOps):
         return self.kernels.add_layer_norm(x, h, norm.weight, norm.bias, norm.eps)
 
     def feed_forward(self, layer: nn.Module, x: Tensor) -> Tensor:
+        if layer.normalize_before:  # the fused add + LayerNorm is post-norm: a pre-norm layer keeps its own
+            return layer.feed_forward(x)
         return self.add_norm(layer.final_layer_norm, x, layer.fc2(layer.act(layer.fc1(x))))

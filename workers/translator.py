@@ -85,22 +85,63 @@ class Translator:
         """Force EOS at the length cap when the checkpoint asks for it (OPUS-MT ``forced_eos_token_id``)."""
         return self.checkpoint.hf_config.get("forced_eos_token_id") is not None
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        """Source ids with ``</s>``; inputs longer than the model's positions are truncated (EOS kept)."""
+    def encode(self, texts: list[str], source_lang: str | list[str] | None = None) -> list[list[int]]:
+        """Source ids with ``</s>``; inputs longer than the model's positions are truncated (EOS kept).
+        ``source_lang``: M2M100 / NLLB source language, one code or one per text (``[code] ids </s>``)."""
         tok = self.checkpoint.tokenizer
         limit = self.checkpoint.model.config.max_position_embeddings
+        langs = self._languages(source_lang, len(texts), "source_lang")
         out = []
-        for text in texts:
-            ids = tok.encode(text)
+        for text, lang in zip(texts, langs):
+            ids = tok.encode(text) if lang is None else tok.encode(text, lang)
             if len(ids) > limit:
                 logger.warning("truncating a %d-token input to the model's %d positions", len(ids), limit)
                 ids = ids[: limit - 1] + [ids[-1]]
             out.append(ids)
         return out
 
+    def _languages(self, codes: str | list[str] | None, n: int, name: str) -> list[str | None]:
+        """One language code per text (``codes``: one for all, or one per text); on an M2M100 / NLLB model
+        both languages must be given, on a Marian one neither (its codes, if any, are ``>>xx<<`` in the text)."""
+        if not self.checkpoint.multilingual:
+            if codes is not None:
+                raise ValueError(f"{name} applies to M2M100 / NLLB models; this Marian model takes none "
+                                 "(a multilingual Marian model reads a >>xx<< prefix in the text)")
+            return [None] * n
+        if codes is None:
+            example = "'fra_Latn'" if self.checkpoint.tokenizer.style == "nllb" else "'fr'"
+            raise ValueError(f"this {self.checkpoint.tokenizer.style} model needs {name}: a code such as {example} or "
+                             "one per text (Translator.translate(..., source_lang=, target_lang=); on the command "
+                             "line --source-lang / --target-lang)")
+        if isinstance(codes, str):
+            return [codes] * n
+        if len(codes) != n:
+            raise ValueError(f"{name}: {len(codes)} codes for {n} texts")
+        return list(codes)
+
+    def forced_first(self, target_lang: str | list[str] | None, n: int) -> list[int] | None:
+        """Per text the token its translation must start with: the target language's id on an M2M100 /
+        NLLB model (HF's ``forced_bos_token_id``, per row), None on a Marian model."""
+        tok = self.checkpoint.tokenizer
+        langs = self._languages(target_lang, n, "target_lang")
+        ids = {code: tok.lang_id(code) for code in set(langs) if code is not None}  # (an unknown code: ValueError)
+        return [ids[code] for code in langs] if ids else None
+
+    def model_search_config(self) -> SearchConfig:
+        """The search an M2M100 / NLLB directory's generation settings ask for (``generation_config.json``,
+        else ``config.json``: ``max_length``, ``num_beams``, ``length_penalty``, ``early_stopping``), as HF
+        ``generate`` reads them: a fixed cap of ``max_length - 1`` generated tokens (HF counts the start
+        token). ``translate`` decodes with the product's defaults (``DEFAULTS.search``) unless given this."""
+        g = self.checkpoint.generation
+        cap = max(1, int(g.get("max_length", 20)) - 1)
+        beams = max(1, int(g.get("num_beams", 1)))
+        return replace(DEFAULTS.search, beam_size=beams, num_hypotheses=1, max_decoding_length=cap, max_length_a=0.0,
+                       max_length_b=cap, length_penalty=float(g.get("length_penalty", 1.0)),
+                       early_stopping=g.get("early_stopping") is True)
+
     def decode_ids(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None = None,
                    batching: SchedulerConfig | None = None, *, stats: DecodeStats | None = None,
-                   static: StaticStep | None = None) -> Decoded:
+                   static: StaticStep | None = None, forced_first: list[int] | None = None) -> Decoded:
         """Token ids -> hypotheses (input order) and the engine's counters of this call.
 
         Without ``batching``: batch decoding, the sources sorted by length into batches of
@@ -111,7 +152,9 @@ class Translator:
         ``stats``: counters to add to (read live by the actors' time slices); a fresh ``DecodeStats``
         by default. ``static``: the engine's one-shape step (``raymt.workers.static_step.StaticStep``: a CUDA
         graph on a GPU); batch decoding then runs its batches on one engine (without a shortlist or a
-        tuner, whose batches differ), one capture per call.
+        tuner, whose batches differ), one capture per call. ``forced_first``: per source the token its
+        translation starts with (``forced_first()``: M2M100 / NLLB target languages), rows of different
+        target languages decoded in the same batches.
         """
         stats = stats if stats is not None else DecodeStats()
         if batching is None and static is not None and shortlist is None and not self.tuner and self.sort_by_length:
@@ -120,7 +163,7 @@ class Translator:
             batching = batch_schedule(self.max_batch_size)
         if batching is not None:
             try:
-                return Decoded(self._stream(sources, cfg, shortlist, batching, stats, static), stats)
+                return Decoded(self._stream(sources, cfg, shortlist, batching, stats, static, forced_first), stats)
             except (torch.OutOfMemoryError, MemoryError):
                 if shortlist is not None or len(sources) < 2:  # (a shortlist's candidate set is per call)
                     raise
@@ -135,7 +178,8 @@ class Translator:
             size = self.tuner.next_size() if self.tuner else self.max_batch_size
             idx = order[start: start + size]
             tokens, t0 = stats.target_tokens, time.perf_counter()
-            for i, hyps in zip(idx, self._decode_batch([sources[i] for i in idx], cfg, shortlist, stats, static)):
+            forced = None if forced_first is None else [forced_first[i] for i in idx]
+            for i, hyps in zip(idx, self._decode_batch([sources[i] for i in idx], cfg, shortlist, stats, static, forced)):
                 out[i] = hyps
             if self.tuner:
                 self.tuner.record(len(idx), stats.target_tokens - tokens, time.perf_counter() - t0)
@@ -160,10 +204,11 @@ class Translator:
         return self.tuner
 
     def _decode_batch(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
-                      stats: DecodeStats, static: StaticStep | None = None) -> list[list[Hypothesis]]:
+                      stats: DecodeStats, static: StaticStep | None = None,
+                      forced: list[int] | None = None) -> list[list[Hypothesis]]:
         """One batch; out of memory, it is split in halves and retried (and the tuner's cap lowered)."""
         try:
-            return self._search(sources, cfg, shortlist, stats, static)
+            return self._search(sources, cfg, shortlist, stats, static, forced)
         except (torch.OutOfMemoryError, MemoryError):
             if len(sources) == 1:
                 raise
@@ -171,8 +216,9 @@ class Translator:
             if self.tuner:
                 self.tuner.out_of_memory(len(sources))
             half = len(sources) // 2
-            return (self._decode_batch(sources[:half], cfg, shortlist, stats, static)
-                    + self._decode_batch(sources[half:], cfg, shortlist, stats, static))
+            first, second = (None, None) if forced is None else (forced[:half], forced[half:])
+            return (self._decode_batch(sources[:half], cfg, shortlist, stats, static, first)
+                    + self._decode_batch(sources[half:], cfg, shortlist, stats, static, second))
 
     @property
     def runner(self) -> DecodeRunner:
@@ -221,15 +267,18 @@ class Translator:
                        capacity=min(batching.capacity, slots) if sentences else batching.capacity)
 
     def _search(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
-                stats: DecodeStats, static: StaticStep | None = None) -> list[list[Hypothesis]]:
+                stats: DecodeStats, static: StaticStep | None = None,
+                forced: list[int] | None = None) -> list[list[Hypothesis]]:
         """One length-sorted batch, decoded to its end: the FIXED policy over exactly these sentences."""
         return self._engine(cfg, shortlist, sources, batch_schedule(len(sources)), stats,
-                            static).decode(sources)
+                            static).decode(sources, forced)
 
     def _stream(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
-                batching: SchedulerConfig, stats: DecodeStats, static: StaticStep | None = None) -> list[list[Hypothesis]]:
+                batching: SchedulerConfig, stats: DecodeStats, static: StaticStep | None = None,
+                forced_first: list[int] | None = None) -> list[list[Hypothesis]]:
         order = sorted(range(len(sources)), key=lambda i: len(sources[i])) if self.sort_by_length else list(range(len(sources)))
-        hyps = self._engine(cfg, shortlist, sources, batching, stats, static).decode([sources[i] for i in order])
+        forced = None if forced_first is None else [forced_first[i] for i in order]
+        hyps = self._engine(cfg, shortlist, sources, batching, stats, static).decode([sources[i] for i in order], forced)
         out: list[list[Hypothesis]] = [[] for _ in sources]
         for i, h in zip(order, hyps):
             out[i] = h
@@ -257,12 +306,23 @@ class Translator:
         return (s.eos, s.unk, s.pad)
 
     def translate(self, texts: list[str], cfg: SearchConfig | None = None, shortlist: Shortlist | None = None,
-                  batching: SchedulerConfig | None = None, *, stats: DecodeStats | None = None) -> list[Translation]:
-        """Texts -> translations (input order); ``stats``: counters to add this call's to."""
+                  batching: SchedulerConfig | None = None, *, stats: DecodeStats | None = None,
+                  source_lang: str | list[str] | None = None,
+                  target_lang: str | list[str] | None = None) -> list[Translation]:
+        """Texts -> translations (input order); ``stats``: counters to add this call's to.
+        ``source_lang`` / ``target_lang``: an M2M100 / NLLB model's languages (required there, refused on a
+        Marian model), one code for all texts or one per text; texts of different target languages
+        share batches (``forced_first``)."""
         cfg = cfg or DEFAULTS.search  # the command line's defaults too
         tok = self.checkpoint.tokenizer
         nonempty = [i for i, t in enumerate(texts) if t.strip()]
-        hyps = self.decode_ids(self.encode([texts[i] for i in nonempty]), cfg, shortlist, batching, stats=stats).hypotheses
+        sources = self._languages(source_lang, len(texts), "source_lang")
+        forced = self.forced_first(target_lang, len(texts))
+        if self.checkpoint.multilingual:
+            source_lang = [sources[i] for i in nonempty]
+        forced = None if forced is None else [forced[i] for i in nonempty]
+        hyps = self.decode_ids(self.encode([texts[i] for i in nonempty], source_lang), cfg, shortlist, batching,
+                               stats=stats, forced_first=forced).hypotheses
         out = [Translation("", 0.0, (("", 0.0),), ()) for _ in texts]
         for i, h in zip(nonempty, hyps):
             nbest = tuple((tok.decode(list(x.tokens)), x.score) for x in h)

@@ -1,0 +1,163 @@
+"""Tokenizers of the many-to-many models (M2M100, NLLB-200), matching HF's ``NllbTokenizer`` /
+``NllbTokenizerFast`` and ``M2M100Tokenizer``, with ``MarianTokenizer``'s interface (``encode``,
+``decode``, ``decode_all``, ``target_special``, vocabularies) plus language codes.
+
+Source ids are ``[source language] pieces </s>`` (HF's current, non-legacy convention for both);
+the target language is not part of the source: the decoder is forced to emit it first
+(``forced_bos_token_id``, per row here: ``lang_id``).
+
+Two directory styles, told apart by the files the model directory holds:
+
+* NLLB: ``sentencepiece.bpe.model`` with fairseq's id offset (``<s>`` 0, ``<pad>`` 1, ``</s>`` 2,
+  ``<unk>`` 3; sentencepiece id i -> i + 1), language codes (``deu_Latn``) and ``<mask>`` after the
+  pieces, their ids read from ``tokenizer.json`` (``added_tokens``) or ``tokenizer_config.json``
+  (``added_tokens_decoder``).
+* M2M100: ``vocab.json`` (piece -> id) + ``sentencepiece.bpe.model``; language codes ``__de__``
+  numbered after the vocabulary in the order of fairseq's list (``language_codes`` of
+  ``tokenizer_config.json``: "m2m100", the default, or "wmt21"), as HF numbers them.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+
+import sentencepiece as spm
+
+from raymt.workers.tokenizer import SPIECE_UNDERLINE, SpecialIds, load_vocab
+
+Reader = Callable[[str], "bytes | None"]
+
+NLLB_CODE = re.compile(r"^[a-z]{3}_[A-Z][a-z]{3}$")  # deu_Latn
+FAIRSEQ_OFFSET = 1  # NLLB: sentencepiece id i is model id i + 1
+NLLB_SPECIALS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+# HF M2M100Tokenizer's fairseq lists: a code's id is len(vocab.json) + its index here
+M2M100_CODES = {
+    "m2m100": ("af am ar ast az ba be bg bn br bs ca ceb cs cy da de el en es et fa ff fi fr fy ga gd gl gu ha he "
+               "hi hr ht hu hy id ig ilo is it ja jv ka kk km kn ko lb lg ln lo lt lv mg mk ml mn mr ms my ne nl no "
+               "ns oc or pa pl ps pt ro ru sd si sk sl so sq sr ss su sv sw ta th tl tn tr uk ur uz vi wo xh yi yo "
+               "zh zu").split(),
+    "wmt21": "en ha is ja cs ru zh de".split(),
+}
+LISTED_CODES = 12  # codes an unknown-code error lists before counting the rest
+
+
+class LanguageTokenizer:
+    """SentencePiece + a piece -> id map + language codes (one vocabulary for source and target).
+
+    ``piece_id``: a sentencepiece piece -> model id; ``id_piece``: the reverse for the ids a decode
+    keeps (special tokens and language codes drop out); ``languages``: code -> id (codes as the
+    user writes them: ``deu_Latn`` for NLLB, ``de`` for M2M100, which also accepts ``__de__``)."""
+
+    def __init__(self, spm_model: bytes, vocab: dict[str, int], languages: dict[str, int], special: SpecialIds,
+                 *, style: str, dropped: Sequence[int] = ()) -> None:
+        self.spm = spm.SentencePieceProcessor(model_proto=spm_model)
+        self.source_spm = self.target_spm = self.decode_spm = self.spm
+        self.style = style  # "nllb" or "m2m100"
+        self.vocab = vocab
+        self.source_vocab = self.target_vocab = vocab
+        self.languages = languages
+        self.source_special = self.target_special = special
+        self.separate_vocabs = False
+        skip = {special.eos, special.unk, special.pad, *languages.values(), *dropped}
+        self.kept_pieces = {i: p for p, i in vocab.items() if i not in skip}
+
+    @property
+    def source_vocab_size(self) -> int:
+        return max(max(self.vocab.values()), max(self.languages.values(), default=0)) + 1
+
+    target_vocab_size = source_vocab_size
+
+    def lang_id(self, code: str) -> int:
+        """A language code's id; ValueError with one line naming the valid codes."""
+        key = code[2:-2] if self.style == "m2m100" and code.startswith("__") and code.endswith("__") else code
+        if key in self.languages:
+            return self.languages[key]
+        codes = sorted(self.languages)
+        shown = ", ".join(codes[:LISTED_CODES]) + (f", ... ({len(codes)} codes)" if len(codes) > LISTED_CODES else "")
+        raise ValueError(f"unknown language code {code!r} for this {self.style} model; valid: {shown}")
+
+    def source_pieces(self, text: str) -> list[str]:
+        return self.spm.encode(text, out_type=str)
+
+    def _ids(self, text: str) -> list[int]:
+        unk = self.source_special.unk
+        return [self.vocab.get(p, unk) for p in self.spm.encode(text, out_type=str)]
+
+    def encode(self, text: str, src_lang: str | None = None) -> list[int]:
+        """Source text -> ``[src_lang] ids </s>`` (HF's ``input_ids``); without ``src_lang`` just ``ids </s>``."""
+        prefix = [] if src_lang is None else [self.lang_id(src_lang)]
+        return prefix + self._ids(text) + [self.source_special.eos]
+
+    def encode_target(self, text: str, tgt_lang: str | None = None) -> list[int]:
+        """Target text -> ``[tgt_lang] ids </s>`` (HF ``text_target=``): the labels of a teacher-forced score."""
+        return self.encode(text, tgt_lang)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Target ids -> text, special tokens and language codes skipped (``skip_special_tokens=True``)."""
+        return self.decode_all([ids])[0]
+
+    def decode_all(self, many: Sequence[Sequence[int]]) -> list[str]:
+        """``decode`` of each id sequence, in one sentencepiece call."""
+        if not many:
+            return []
+        kept = self.kept_pieces
+        pieces = [[p for p in map(kept.get, ids) if p is not None] for ids in many]
+        return [text.replace(SPIECE_UNDERLINE, " ").strip() for text in self.spm.decode_pieces(pieces)]
+
+
+def _json(read: Reader, name: str) -> dict:
+    raw = read(name)
+    return json.loads(raw) if raw is not None else {}
+
+
+def _added_tokens(read: Reader) -> dict[str, int]:
+    """Added tokens (content -> id) of ``tokenizer.json``, else of ``tokenizer_config.json``."""
+    added = {t["content"]: t["id"] for t in _json(read, "tokenizer.json").get("added_tokens", [])}
+    if not added:
+        decoder = _json(read, "tokenizer_config.json").get("added_tokens_decoder", {})
+        added = {t["content"]: int(i) for i, t in decoder.items()}
+    return added
+
+
+def nllb_tokenizer(spm_model: bytes, read: Reader) -> LanguageTokenizer:
+    """NLLB's fairseq-offset vocabulary, its language codes' ids from the directory's tokenizer files."""
+    proc = spm.SentencePieceProcessor(model_proto=spm_model)
+    vocab = {proc.id_to_piece(i): i + FAIRSEQ_OFFSET for i in range(proc.get_piece_size())
+             if not (proc.is_unknown(i) or proc.is_control(i))}
+    vocab.update(NLLB_SPECIALS)
+    added = _added_tokens(read)
+    languages = {c: i for c, i in added.items() if NLLB_CODE.match(c)}
+    if not languages:
+        raise FileNotFoundError("NLLB tokenizer: no language codes (deu_Latn, ...) in tokenizer.json or "
+                                "tokenizer_config.json")
+    dropped = [NLLB_SPECIALS["<s>"]] + [i for c, i in added.items() if c == "<mask>"]
+    special = SpecialIds(NLLB_SPECIALS["</s>"], NLLB_SPECIALS["<unk>"], NLLB_SPECIALS["<pad>"])
+    return LanguageTokenizer(spm_model, vocab, languages, special, style="nllb", dropped=dropped)
+
+
+def m2m100_tokenizer(spm_model: bytes, vocab_json: bytes, read: Reader) -> LanguageTokenizer:
+    """M2M100's ``vocab.json``; codes ``__xx__`` numbered after it as HF's ``M2M100Tokenizer`` numbers them."""
+    vocab = load_vocab(vocab_json)
+    missing = [t for t in ("</s>", "<unk>", "<pad>") if t not in vocab]
+    if missing:
+        raise ValueError(f"vocab.json lacks special tokens {missing}")
+    which = _json(read, "tokenizer_config.json").get("language_codes", "m2m100")
+    if which not in M2M100_CODES:
+        raise ValueError(f"tokenizer_config.json language_codes={which!r} (supported: {sorted(M2M100_CODES)})")
+    languages = {c: len(vocab) + i for i, c in enumerate(M2M100_CODES[which])}
+    special = SpecialIds(vocab["</s>"], vocab["<unk>"], vocab["<pad>"])
+    dropped = [vocab[t] for t in ("<s>",) if t in vocab]
+    return LanguageTokenizer(spm_model, vocab, languages, special, style="m2m100", dropped=dropped)
+
+
+def load_language_tokenizer(read: Reader) -> LanguageTokenizer:
+    """The tokenizer an M2M100 / NLLB directory's own files give (module docstring)."""
+    spm_model = read("sentencepiece.bpe.model")
+    if spm_model is None:
+        raise FileNotFoundError("checkpoint lacks tokenizer file sentencepiece.bpe.model")
+    vocab_json = read("vocab.json")
+    nllb = "nllb" in str(_json(read, "tokenizer_config.json").get("tokenizer_class", "")).lower()
+    if vocab_json is not None and not nllb:
+        return m2m100_tokenizer(spm_model, vocab_json, read)
+    return nllb_tokenizer(spm_model, read)
