@@ -361,7 +361,7 @@ def open_marian(read: Reader) -> MarianReader:
     spm_yml = ("source.spm", "target.spm")
     source, r1 = read_vocabulary(read, settings.vocabs[0], spm_yml[0])
     target, r2 = read_vocabulary(read, settings.vocabs[1], spm_yml[1])
-    reasons += r1 + r2
+    reasons += list(dict.fromkeys(r1 + r2))  # (one vocabulary file for both sides: its problem once)
     if reasons or not options:
         raise UnsupportedCheckpoint(reasons)
     state, state_reasons = convert_state(arrays, options)

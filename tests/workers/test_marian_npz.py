@@ -235,7 +235,7 @@ def test_missing_vocabularies_and_parameters_are_all_listed(marian_dir, tmp_path
     np.savez(broken / "model.npz", **arrays, Wpos=np.zeros((4, 4), np.float32))
     with pytest.raises(UnsupportedCheckpoint) as err:
         Translator.load(str(broken))
-    assert [one_line(r) for r in err.value.reasons] == ["vocabulary file vocab.yml missing"] * 2
+    assert [one_line(r) for r in err.value.reasons] == ["vocabulary file vocab.yml missing"]
     shutil.copy(marian_dir / "vocab.yml", broken / "vocab.yml")
     (broken / "target.spm").unlink()
     with pytest.raises(ModelError) as err:
@@ -263,13 +263,18 @@ def test_translate_job_gives_the_hf_directory_output(demo_model_dir, marian_dir,
     assert "using the model's lexical shortlist" not in caplog.text
 
 
-def test_marian_directory_lexical_shortlist_is_used_by_default(marian_dir, tmp_path, caplog):
+def test_marian_directory_lexical_shortlist_is_used_by_default(marian_dir, tmp_path, caplog, capsys):
     with_lex = tmp_path / "with-lex"
     shutil.copytree(marian_dir, with_lex)
     (with_lex / "lex.s2t").write_text("▁dog ▁Hund 0.9\n▁a ▁Ein 0.8\n", encoding="utf-8")
     caplog.set_level("INFO")
     assert shortlist_for(None, str(with_lex)) == f"{with_lex}/lex.s2t"
     assert "using the model's lexical shortlist" in caplog.text
+    from raymt.jobs.translate import main
+    sample, out = ROOT / "examples" / "sample.de.txt", tmp_path / "out.en.txt"
+    main(["--in-process", "--model", str(with_lex), "--input", str(sample), "--output", str(out), "--beam-size", "2"])
+    assert f"|shortlist:{with_lex}/lex.s2t:" in capsys.readouterr().out  # the job's signature names it
+    assert out.read_text(encoding="utf-8").count("\n") == sample.read_text(encoding="utf-8").count("\n")
     assert shortlist_for("none", str(with_lex)) is None
     assert shortlist_for("other.s2t", str(with_lex)) == "other.s2t"
     assert shortlist_for(None, str(marian_dir)) is None
@@ -281,3 +286,36 @@ def test_marian_directory_lexical_shortlist_is_used_by_default(marian_dir, tmp_p
 def test_python_api_loads_the_npz_directory(demo_model_dir, marian_dir, german):
     from raymt import Translator as Api
     assert Api.load(str(marian_dir)).translate(german[:3]) == Api.load(str(demo_model_dir)).translate(german[:3])
+
+
+@pytest.mark.parametrize("layout", ["separate-vocabularies", "untied-output"])
+def test_other_embedding_layouts_decode_as_the_hf_directory(marian_dir, ours_hf, german, tmp_path, layout):
+    """Separate source and target embeddings and vocabularies (``encoder_Wemb``, ``decoder_Wemb``, two
+    vocab files), or an output matrix of its own (``decoder_ff_logit_out_W``): holding the demo's
+    shared table, both decode as the demo."""
+    variant = tmp_path / layout
+    shutil.copytree(marian_dir, variant)
+    with np.load(variant / "model.npz") as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    options = arrays.pop("special:model.yml").astype(np.uint8).tobytes().rstrip(b"\0").decode()
+    wemb = arrays["Wemb"]
+    if layout == "separate-vocabularies":
+        del arrays["Wemb"]
+        arrays.update(encoder_Wemb=wemb, decoder_Wemb=wemb)
+        options = options.replace("tied-embeddings-all: true", "tied-embeddings-all: false")
+        for side in ("src", "trg"):
+            shutil.copy(variant / "vocab.yml", variant / f"opus.{side}.vocab.yml")
+        (variant / "decoder.yml").write_text("models:\n  - model.npz\nvocabs:\n  - opus.src.vocab.yml\n"
+                                             "  - opus.trg.vocab.yml\n")
+    else:
+        arrays["decoder_ff_logit_out_W"] = wemb.T.copy()
+        options = options.replace("tied-embeddings-all: true", "tied-embeddings-all: false").replace(
+            "tied-embeddings: true", "tied-embeddings: false").replace("tied-embeddings-src: false",
+                                                                      "tied-embeddings-src: true")
+    arrays["special:model.yml"] = np.frombuffer(options.encode() + b"\0", dtype=np.int8)
+    np.savez(variant / "model.npz", **arrays)
+    reader = open_model(local_reader(str(variant)), str(variant))
+    assert (reader("target_vocab.json") is not None) == (layout == "separate-vocabularies")
+    ours = Translator.load(reader)
+    cfg = search(2)
+    assert [t.tokens for t in ours.translate(german, cfg)] == [t.tokens for t in ours_hf.translate(german, cfg)]
