@@ -56,6 +56,7 @@ from raymt.workers.config import FAST_PRUNING, PruningConfig, SearchConfig
 from raymt.workers.decode_config import BatchingConfig, DecodeConfig, RuntimeConfig, ShortlistSource
 from raymt.workers.device import CPU_DEFAULTS, GPU_DEFAULTS, BatchingDefaults, DeviceUnavailable, on_gpu
 from raymt.workers.isa import bf16_refusal, detect as detect_isa
+from raymt.workers.lang_tokenizer import LanguageError
 from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from raymt.workers.speedups import EXACT, CpuSpeedups
 from raymt.workers.static_step import StaticStep
@@ -146,7 +147,8 @@ def signature(args: argparse.Namespace, decode: DecodeConfig) -> str:
     model = args.model.rstrip("/") if "://" in args.model else os.path.normpath(args.model)
     return f"model:{model}|{decode.search.signature()}|batching:{batching_of(args)}" + (
         f"|shortlist:{args.shortlist}:{args.shortlist_m}:{args.shortlist_n}" if args.shortlist else "") + (
-        "|int8" if args.int8 else "") + ("|bf16" if args.bf16 else "") + ("|fp16" if args.fp16 else "")
+        "|int8" if args.int8 else "") + ("|bf16" if args.bf16 else "") + ("|fp16" if args.fp16 else "") + (
+        f"|langs:{args.source_lang}>{args.target_lang}" if args.source_lang or args.target_lang else "")
 
 
 def single_file(url: str) -> bool:
@@ -165,7 +167,8 @@ def decoder_settings(args: argparse.Namespace, decode: DecodeConfig, one_file: b
     return DecoderSettings(model=local_path(args.model),
                            output=local_path(args.output + ".parts" if one_file else args.output),
                            decode=decode, signature=signature(args, decode),
-                           parts=PartColumns(evaluate=args.evaluate, passthrough=not args.no_passthrough))
+                           parts=PartColumns(evaluate=args.evaluate, passthrough=not args.no_passthrough),
+                           source_lang=args.source_lang, target_lang=args.target_lang)
 
 
 def pipeline_config(args: argparse.Namespace, decode: DecodeConfig) -> PipelineConfig:
@@ -196,7 +199,7 @@ def local_path(url: str) -> str:
 
 
 JOB_ERRORS = (InputError, ModelError, PlanMismatch, OutputBusy, DecodersUnavailable, UnitsFailed, ResourcesUnavailable,
-              DeviceUnavailable, JobStopped, OutputRefused, MissingExtra)
+              DeviceUnavailable, JobStopped, OutputRefused, MissingExtra, LanguageError)
 
 
 def run(args: argparse.Namespace, decode: DecodeConfig) -> None:

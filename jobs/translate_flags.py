@@ -53,6 +53,10 @@ def add_user_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", required=True, help="a directory (ends in '/', exists, or has no extension) or one "
                    "file: .parquet, .jsonl, .tsv, else text (Marian n-best lines with --nbest > 1), the text ones "
                    "also .gz/.bz2/.xz/.zst; .csv, .json, .xlsx, ... are refused; '-': standard output (text)")
+    p.add_argument("--source-lang", help="M2M100 / NLLB-200 models (required there): the source language code, "
+                   "e.g. deu_Latn (NLLB) or de (M2M100)")
+    p.add_argument("--target-lang", help="M2M100 / NLLB-200 models (required there): the target language code, "
+                   "forced as each translation's first token, e.g. fra_Latn (NLLB) or fr (M2M100)")
     p.add_argument("--beam-size", type=int, default=SEARCH.beam_size, help="beam width (1: greedy)")
     p.add_argument("--nbest", type=int, default=SEARCH.num_hypotheses, help="hypotheses kept per sentence (<= beam "
                    "size): a list column in .parquet / .jsonl, 'K ||| hypothesis ||| F0= score ||| score' lines in text")

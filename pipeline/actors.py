@@ -35,6 +35,7 @@ from raymt.pipeline.units import Columns, WorkUnit, read_unit
 from raymt.workers.checkpoint import load_tokenizer
 from raymt.workers.device import DeviceUnavailable, resolve_device
 from raymt.workers.engine import DecodeStats
+from raymt.workers.lang_tokenizer import source_encoder
 from raymt.workers.rows import join_rows, prepare_rows
 from raymt.workers.search import Hypothesis
 from raymt.workers.translator import Translator
@@ -49,11 +50,12 @@ def unit_to_row(unit: WorkUnit) -> dict:
 class EncoderWorker:
     """unit rows -> encoded unit rows: cleaned text, statuses, token-id pieces that fit the model."""
 
-    def __init__(self, model: str | Translator, columns: Columns) -> None:
+    def __init__(self, model: str | Translator, columns: Columns, source_lang: str | None = None) -> None:
         if isinstance(model, Translator):
             self.tokenizer, config = model.checkpoint.tokenizer, model.checkpoint.model.config
         else:  # an encoder actor needs the tokenizer, not the weights
             self.tokenizer, config, _ = load_tokenizer(model_reader(model))
+        self.encode = source_encoder(self.tokenizer, source_lang)  # (M2M100 / NLLB: the source language bound)
         self.columns = columns
         self.limit = config.max_position_embeddings
 
@@ -73,7 +75,7 @@ class EncoderWorker:
     def encode_unit(self, unit: WorkUnit) -> EncodedUnit:
         start = time.perf_counter()
         rows = read_unit(unit, self.columns)
-        prepared = prepare_rows(rows.texts, self.tokenizer.encode, self.limit)
+        prepared = prepare_rows(rows.texts, self.encode, self.limit)
         statuses, reasons = mark_invalid(prepared.statuses, prepared.reasons, rows.problems)  # unparsable lines
         return EncodedUnit(unit, rows.ids, rows.rows,
                            [t.decode("utf-8", "replace") if isinstance(t, bytes) else t for t in rows.texts],
@@ -109,7 +111,8 @@ class DecoderWorker:
         self.node = _node_id()
         self.last_done = time.time()
         self.metrics = Metrics() if _in_ray() else None
-        self.encoder = EncoderWorker(self.translator, columns)
+        self.encoder = EncoderWorker(self.translator, columns, settings.source_lang)
+        self.translator.forced_first(settings.target_lang, 1)  # (a missing or unknown language: one line, here)
         self.name, self.report = name or self.actor, report
         self.lock = threading.Lock()
         self.base = Counters()  # earlier units' counters
@@ -162,7 +165,8 @@ class DecoderWorker:
                          "start_tokens": self.base.tokens}
         t0 = time.perf_counter()
         decoded = tr.decode_ids(enc.pieces, self.settings.search, self.shortlist, self.settings.batching, stats=self.live,
-                                static=self.settings.static)
+                                static=self.settings.static,
+                                forced_first=tr.forced_first(self.settings.target_lang, len(enc.pieces)))
         hyps = decoded.hypotheses
         decode_s = time.perf_counter() - t0
         self.sampler.sample()  # the unit's last slice ends with its last step

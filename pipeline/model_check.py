@@ -43,6 +43,7 @@ from raymt.workers.checkpoint import (
     shape_problems,
 )
 from raymt.workers.config import ModelConfig
+from raymt.workers.lang_tokenizer import load_language_tokenizer
 from raymt.workers.marian_npz import MarianReader
 from raymt.workers.model_formats import ModelFormatError, hub_hint, looks_like_hub_id, open_model
 
@@ -179,7 +180,24 @@ def vocab_problems(name: str, data: bytes, id_limit: int | None) -> list[str]:
     return problems
 
 
+def _language_tokenizer_problems(fs, root: str) -> list[str]:
+    """An M2M100 / NLLB directory's tokenizer (``sentencepiece.bpe.model`` with ``vocab.json`` or the
+    language codes of ``tokenizer.json`` / ``tokenizer_config.json``), built as a decoder builds it."""
+    def read(name: str) -> bytes | None:
+        data, too_big = _read_small(fs, f"{root}/{name}", name)
+        if too_big:
+            raise ValueError(too_big[0])
+        return data
+    try:
+        load_language_tokenizer(read)
+    except Exception as e:  # noqa: BLE001 - any unreadable tokenizer file is the directory's problem
+        return [f"tokenizer: {str(e).splitlines()[0][:300]}"]
+    return []
+
+
 def _tokenizer_problems(fs, root: str, cfg: ModelConfig | None, hf: dict) -> list[str]:
+    if cfg is not None and cfg.position_style == "fairseq":  # M2M100 / NLLB-200 (model_type m2m_100)
+        return _language_tokenizer_problems(fs, root)
     missing = [n for n in TOKENIZER_FILES if not fs.exists(f"{root}/{n}")]
     problems = [f"tokenizer file(s) missing: {', '.join(missing)}"] if missing else []
     separate = cfg is not None and separate_target_vocab(cfg, hf) and fs.exists(f"{root}/target_vocab.json")

@@ -42,6 +42,8 @@ class DecoderSettings:
     plan: str | None = None  # the output's plan digest (pipeline/ledger.py): the unit files it commits carry it
     fence: Fence | None = None  # the job's hold on the output's lease (pipeline/lease.py): every commit passes it
     slice_s: float = 2.0  # stats over time: one slice of the live counters every this many seconds
+    source_lang: str | None = None  # M2M100 / NLLB: the source language code (``deu_Latn``, ``de``)
+    target_lang: str | None = None  # M2M100 / NLLB: the target language, forced as each translation's first token
 
     def with_threads(self, threads: int) -> DecoderSettings:
         return replace(self, decode=replace(self.decode, runtime=replace(self.decode.runtime, threads=threads)))

@@ -77,7 +77,8 @@ class StreamTranslator:
         self.translator = Translator.load(model_reader(settings.model), threads=settings.threads or os.cpu_count(),
                                           max_batch_size=settings.max_batch_size, speedups=settings.speedups,
                                           device=resolve_device(settings.device))
-        self.encoder = EncoderWorker(self.translator, columns)
+        self.encoder = EncoderWorker(self.translator, columns, settings.source_lang)
+        self.translator.forced_first(settings.target_lang, 1)  # (a missing or unknown language: one line, here)
         self.shortlist = None
         if settings.shortlist:
             from raymt.pipeline.shortlists import load_shortlist
@@ -90,13 +91,14 @@ class StreamTranslator:
         unit = WorkUnit(f"stream-{offset}", f"stream.{'txt' if kind == 'text' else kind}", offset, offset + len(batch),
                         offset, None)
         rows: UnitRows = line_rows(unit, self.columns, batch, list(range(offset, offset + len(batch))))
-        prepared = prepare_rows(rows.texts, self.encoder.tokenizer.encode, self.encoder.limit)
+        prepared = prepare_rows(rows.texts, self.encoder.encode, self.encoder.limit)
         statuses, reasons = mark_invalid(prepared.statuses, prepared.reasons, rows.problems)
         enc = EncodedUnit(unit, rows.ids, rows.rows,
                           [t.decode("utf-8", "replace") if isinstance(t, bytes) else t for t in rows.texts], None,
                           statuses, reasons, prepared.pieces, prepared.piece_row, 0.0)
         s = self.settings
-        decoded = self.translator.decode_ids(enc.pieces, s.search, self.shortlist, s.batching, static=s.static)
+        decoded = self.translator.decode_ids(enc.pieces, s.search, self.shortlist, s.batching, static=s.static,
+                                             forced_first=self.translator.forced_first(s.target_lang, len(enc.pieces)))
         table, _ = decoded_table(enc, decoded.hypotheses, self.translator.checkpoint.tokenizer, s.signature)
         result.rows += len(batch)
         result.target_tokens += decoded.stats.target_tokens

@@ -30,7 +30,10 @@ from safetensors.torch import save_file
 from torch.overrides import TorchFunctionMode
 
 from raymt.workers.config import ACTIVATIONS, ModelConfig
+from raymt.workers.hf_config import (  # noqa: F401  (re-exported: the loader's checks, pipeline/model_check.py)
+    HF_SIZE_DEFAULTS, POSITION_TABLE_LIMIT, SIZE_LIMITS, UnsupportedCheckpoint, hf_sizes, is_int, token_id_reasons)
 from raymt.workers.model import MarianModel
+from raymt.workers import m2m100
 from raymt.workers.lang_tokenizer import LanguageTokenizer, load_language_tokenizer
 from raymt.workers.tokenizer import MarianTokenizer, load_vocab
 
@@ -39,14 +42,6 @@ Reader = Callable[[str], "bytes | None"]
 
 # Keys that may be absent: static tables recomputed exactly, or a bias that defaults to zero.
 OPTIONAL_SUFFIXES = ("embed_positions.weight", "final_logits_bias")
-
-
-class UnsupportedCheckpoint(ValueError):
-    """Raised once with every reason a checkpoint cannot be loaded."""
-
-    def __init__(self, reasons: list[str]) -> None:
-        self.reasons = reasons
-        super().__init__("unsupported checkpoint:\n  - " + "\n  - ".join(reasons))
 
 
 def local_reader(directory: str) -> Reader:
@@ -59,75 +54,10 @@ def local_reader(directory: str) -> Reader:
     return read
 
 
-# Upper bounds on the sizes config.json may give, generous next to real Marian / OPUS-MT models
-# (transformer-big: d_model 1024, ffn 4096, 6-12 layers, 16 heads, vocabularies up to ~65k, 512-1024
-# positions), so a corrupt or hostile config is refused before anything is allocated. Every size is
-# an int in 1..limit; MarianModel(cfg) allocates what they imply.
-SIZE_LIMITS = {
-    "d_model": 16_384, "encoder_ffn_dim": 65_536, "decoder_ffn_dim": 65_536,
-    "encoder_layers": 64, "decoder_layers": 64, "encoder_attention_heads": 256, "decoder_attention_heads": 256,
-    "vocab_size": 1_048_576, "decoder_vocab_size": 1_048_576, "max_position_embeddings": 65_536,
-}
-# max_position_embeddings * d_model: the sinusoidal tables are computed (in float64), never read from the
-# weights, so their size is not bounded by the weights file: 16M entries (16x transformer-big's 1024 x 1024).
-POSITION_TABLE_LIMIT = 1 << 24
-# HF MarianConfig's defaults for sizes config.json leaves out (vocab_size has none: it must be given).
-HF_SIZE_DEFAULTS = {"d_model": 1024, "encoder_layers": 12, "decoder_layers": 12, "encoder_attention_heads": 16,
-                    "decoder_attention_heads": 16, "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096,
-                    "max_position_embeddings": 1024}
-
-
-def is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def hf_sizes(hf: dict) -> tuple[dict[str, int], list[str]]:
-    """The sizes of an HF ``config.json`` (defaults filled in) and every reason they are unusable:
-    not an int, outside ``1..SIZE_LIMITS``, heads not dividing d_model, too large a position table."""
-    sizes, reasons = {}, []
-    for key, limit in SIZE_LIMITS.items():
-        if key == "decoder_vocab_size" and not hf.get(key):  # HF: decoder_vocab_size or vocab_size
-            if "vocab_size" in sizes:
-                sizes[key] = sizes["vocab_size"]
-            continue
-        value = hf.get(key, HF_SIZE_DEFAULTS.get(key))
-        if value is None:  # only vocab_size has no default
-            reasons.append(f"{key} missing")
-        elif not is_int(value):
-            reasons.append(f"{key}={value!r} is not an integer")
-        elif not 1 <= value <= limit:
-            reasons.append(f"{key}={value} outside 1..{limit}")
-        else:
-            sizes[key] = value
-    d = sizes.get("d_model")
-    if d is not None:
-        heads = [f"{k}={sizes[k]}" for k in ("encoder_attention_heads", "decoder_attention_heads")
-                 if k in sizes and d % sizes[k]]
-        if heads:
-            reasons.append(f"d_model {d} not divisible by {' and '.join(heads)}")
-        positions = sizes.get("max_position_embeddings")
-        if positions is not None and positions * d > POSITION_TABLE_LIMIT:
-            reasons.append(f"max_position_embeddings * d_model = {positions} * {d} over {POSITION_TABLE_LIMIT}")
-    return sizes, reasons
-
-
-def token_id_reasons(ids: dict[str, object], vocab: int, dec_vocab: int) -> list[str]:
-    """Reasons the special token ids are unusable: pad indexes both embeddings, eos and start the target one."""
-    reasons = []
-    for name, value in ids.items():
-        bound = min(vocab, dec_vocab) if name == "pad_token_id" else dec_vocab
-        if not is_int(value):
-            reasons.append(f"{name}={value!r} is not an integer")
-        elif not 0 <= value < bound:
-            reasons.append(f"{name}={value} outside the vocabulary (0..{bound - 1})")
-    return reasons
-
-
 def config_from_hf(hf: dict) -> ModelConfig:
     """Map an HF ``config.json`` dict to ``ModelConfig``, raising once with every unsupported option
     and every size or token id out of bounds (``SIZE_LIMITS``), before anything is allocated.
     M2M100 / NLLB configs (``model_type: "m2m_100"``) map through ``workers/m2m100.py``."""
-    from raymt.workers import m2m100  # (it builds on this module's checks)
     if hf.get("model_type") in m2m100.REFUSED_TYPES:
         raise UnsupportedCheckpoint([m2m100.REFUSED_TYPES[hf["model_type"]]])
     if hf.get("model_type") == m2m100.MODEL_TYPE:
@@ -287,8 +217,7 @@ def load_checkpoint(read: Reader, dtype: torch.dtype = torch.float32,
     model = model.to(device=device, dtype=dtype).eval()
     generation = {}
     if isinstance(tokenizer, LanguageTokenizer):
-        from raymt.workers.m2m100 import generation_settings
-        generation = generation_settings(read, hf)
+        generation = m2m100.generation_settings(read, hf)
     return Checkpoint(model, tokenizer, hf, generation)
 
 

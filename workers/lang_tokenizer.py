@@ -18,6 +18,7 @@ Two directory styles, told apart by the files the model directory holds:
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -40,6 +41,10 @@ M2M100_CODES = {
     "wmt21": "en ha is ja cs ru zh de".split(),
 }
 LISTED_CODES = 12  # codes an unknown-code error lists before counting the rest
+
+
+class LanguageError(ValueError):
+    """A language code missing, unknown, or given to a model without languages (one line)."""
 
 
 class LanguageTokenizer:
@@ -75,7 +80,7 @@ class LanguageTokenizer:
             return self.languages[key]
         codes = sorted(self.languages)
         shown = ", ".join(codes[:LISTED_CODES]) + (f", ... ({len(codes)} codes)" if len(codes) > LISTED_CODES else "")
-        raise ValueError(f"unknown language code {code!r} for this {self.style} model; valid: {shown}")
+        raise LanguageError(f"unknown language code {code!r} for this {self.style} model; valid: {shown}")
 
     def source_pieces(self, text: str) -> list[str]:
         return self.spm.encode(text, out_type=str)
@@ -85,9 +90,11 @@ class LanguageTokenizer:
         return [self.vocab.get(p, unk) for p in self.spm.encode(text, out_type=str)]
 
     def encode(self, text: str, src_lang: str | None = None) -> list[int]:
-        """Source text -> ``[src_lang] ids </s>`` (HF's ``input_ids``); without ``src_lang`` just ``ids </s>``."""
-        prefix = [] if src_lang is None else [self.lang_id(src_lang)]
-        return prefix + self._ids(text) + [self.source_special.eos]
+        """Source text -> ``[src_lang] ids </s>`` (HF's ``input_ids``). Without a language: LanguageError
+        (a caller that does not know about languages fails here, instead of translating wrongly)."""
+        if src_lang is None:
+            per_row_languages(self, None, 1, "source_lang")  # (raises, saying how to give it)
+        return [self.lang_id(src_lang)] + self._ids(text) + [self.source_special.eos]
 
     def encode_target(self, text: str, tgt_lang: str | None = None) -> list[int]:
         """Target text -> ``[tgt_lang] ids </s>`` (HF ``text_target=``): the labels of a teacher-forced score."""
@@ -104,6 +111,34 @@ class LanguageTokenizer:
         kept = self.kept_pieces
         pieces = [[p for p in map(kept.get, ids) if p is not None] for ids in many]
         return [text.replace(SPIECE_UNDERLINE, " ").strip() for text in self.spm.decode_pieces(pieces)]
+
+
+def per_row_languages(tokenizer, codes: str | Sequence[str] | None, n: int, name: str) -> list[str | None]:
+    """One language code per text (``codes``: one for all, or one per text). A ``LanguageTokenizer``
+    needs them (ValueError, one line, saying how to give them); a Marian tokenizer takes none (a
+    multilingual Marian model reads ``>>xx<<`` in the text). Codes are checked by ``lang_id``."""
+    if not isinstance(tokenizer, LanguageTokenizer):
+        if codes is not None:
+            raise LanguageError(f"{name} applies to M2M100 / NLLB models; this Marian model takes none "
+                             "(a multilingual Marian model reads a >>xx<< prefix in the text)")
+        return [None] * n
+    if codes is None:
+        example = "'fra_Latn'" if tokenizer.style == "nllb" else "'fr'"
+        flag = "--" + name.replace("_lang", "-lang")
+        raise LanguageError(f"this {tokenizer.style} model needs {name}: a code such as {example} or one per text "
+                         f"(Translator.translate(..., source_lang=, target_lang=); on the command line {flag})")
+    langs = [codes] * n if isinstance(codes, str) else list(codes)
+    if len(langs) != n:
+        raise LanguageError(f"{name}: {len(langs)} codes for {n} texts")
+    for code in set(langs):
+        tokenizer.lang_id(code)
+    return langs
+
+
+def source_encoder(tokenizer, source_lang: str | None) -> Callable[[str], list[int]]:
+    """``tokenizer.encode`` with the job's source language bound (M2M100 / NLLB; checked here, once)."""
+    (lang,) = per_row_languages(tokenizer, source_lang, 1, "source_lang")
+    return tokenizer.encode if lang is None else functools.partial(tokenizer.encode, src_lang=lang)
 
 
 def _json(read: Reader, name: str) -> dict:

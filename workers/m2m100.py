@@ -15,7 +15,7 @@ import json
 import logging
 from typing import Callable
 
-from raymt.workers.checkpoint import UnsupportedCheckpoint, hf_sizes, token_id_reasons
+from raymt.workers.hf_config import UnsupportedCheckpoint, hf_sizes, token_id_reasons
 from raymt.workers.config import ACTIVATIONS, ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ GENERATION_KEYS = {"max_length": 20, "num_beams": 1, "length_penalty": 1.0, "ear
 
 def config_from_m2m100(hf: dict) -> ModelConfig:
     """Map an ``M2M100Config`` dict to ``ModelConfig``, raising once with every unsupported option and
-    every size or token id out of bounds (``workers/checkpoint.SIZE_LIMITS``)."""
+    every size or token id out of bounds (``workers/hf_config.SIZE_LIMITS``)."""
     reasons = []
     activation = hf.get("activation_function", "relu")
     if not isinstance(activation, str) or activation not in ACTIVATIONS:

@@ -15,6 +15,7 @@ from raymt.workers.checkpoint import Checkpoint, Reader, load_checkpoint, local_
 from raymt.workers.config import SearchConfig
 from raymt.workers.decode_config import DEFAULTS
 from raymt.workers.engine import DecodeStats, Engine, StaticStep, batch_schedule
+from raymt.workers.lang_tokenizer import per_row_languages
 from raymt.workers.model_formats import open_model
 from raymt.workers.runner import DecodeRunner
 from raymt.workers.scheduler import CapacityUnit, SchedulerConfig
@@ -101,23 +102,9 @@ class Translator:
         return out
 
     def _languages(self, codes: str | list[str] | None, n: int, name: str) -> list[str | None]:
-        """One language code per text (``codes``: one for all, or one per text); on an M2M100 / NLLB model
-        both languages must be given, on a Marian one neither (its codes, if any, are ``>>xx<<`` in the text)."""
-        if not self.checkpoint.multilingual:
-            if codes is not None:
-                raise ValueError(f"{name} applies to M2M100 / NLLB models; this Marian model takes none "
-                                 "(a multilingual Marian model reads a >>xx<< prefix in the text)")
-            return [None] * n
-        if codes is None:
-            example = "'fra_Latn'" if self.checkpoint.tokenizer.style == "nllb" else "'fr'"
-            raise ValueError(f"this {self.checkpoint.tokenizer.style} model needs {name}: a code such as {example} or "
-                             "one per text (Translator.translate(..., source_lang=, target_lang=); on the command "
-                             "line --source-lang / --target-lang)")
-        if isinstance(codes, str):
-            return [codes] * n
-        if len(codes) != n:
-            raise ValueError(f"{name}: {len(codes)} codes for {n} texts")
-        return list(codes)
+        """One language code per text (``lang_tokenizer.per_row_languages``): required on an M2M100 / NLLB
+        model, refused on a Marian one."""
+        return per_row_languages(self.checkpoint.tokenizer, codes, n, name)
 
     def forced_first(self, target_lang: str | list[str] | None, n: int) -> list[int] | None:
         """Per text the token its translation must start with: the target language's id on an M2M100 /

@@ -1,0 +1,49 @@
+"""The translate job on an NLLB directory: --source-lang / --target-lang reach the encoder and the
+decoder (in-process and through standard input), and a missing language is one line, not a traceback."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from raymt.jobs.translate import main
+from raymt.workers.config import SearchConfig
+from raymt.workers.translator import Translator
+from tests.conftest import shared_path
+from tests.workers.test_m2m100 import EOS_BIAS, randomize, spm_model, write_tokenizer  # noqa: F401  (fixture)
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def nllb_dir(tmp_path_factory, spm_model):  # noqa: F811
+    directory = tmp_path_factory.mktemp("nllb")
+    tok = write_tokenizer(directory, "nllb", spm_model)
+    torch.manual_seed(0)
+    cfg = transformers.M2M100Config(vocab_size=len(tok), d_model=32, encoder_layers=1, decoder_layers=1,
+                                    encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                    decoder_ffn_dim=64, max_position_embeddings=64)
+    hf = transformers.M2M100ForConditionalGeneration(cfg).eval()
+    randomize(hf, EOS_BIAS["nllb"])
+    hf.save_pretrained(str(directory))
+    return directory
+
+
+def test_job_translates_into_the_target_language_and_refuses_without_one(nllb_dir, tmp_path, capsys):
+    lines = shared_path("multi30k", "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:6]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    base = ["--in-process", "--threads", "1", "--model", str(nllb_dir), "--input", str(tmp_path / "in.txt"),
+            "--beam-size", "2", "--source-lang", "deu_Latn"]
+    main([*base, "--output", str(tmp_path / "out.txt"), "--target-lang", "fra_Latn"])
+    got = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
+    tr = Translator.load(str(nllb_dir))
+    cfg = SearchConfig(beam_size=2)
+    assert got == [t.text for t in tr.translate(lines, cfg, source_lang="deu_Latn", target_lang="fra_Latn")]
+    assert got != [t.text for t in tr.translate(lines, cfg, source_lang="deu_Latn", target_lang="eng_Latn")]
+    with pytest.raises(SystemExit) as error:
+        main([*base, "--output", str(tmp_path / "none.txt")])
+    assert str(error.value).startswith("error: this nllb model needs target_lang") and "--target-lang" in str(error.value)
+    with pytest.raises(SystemExit) as error:
+        main([*base, "--output", str(tmp_path / "bad.txt"), "--target-lang", "fr"])
+    assert "unknown language code 'fr'" in str(error.value) and "\n" not in str(error.value)
