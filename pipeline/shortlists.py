@@ -52,13 +52,13 @@ def save_table(url: str, table: LexicalTable, tok: MarianTokenizer, *, top_m: in
 def model_shortlist(model_url: str) -> str | None:
     """The lexical shortlist a Marian model directory ships (decoder.yml's ``shortlist:`` text file,
     or ``lex.s2t``), as a URL; None for any other model or when it has none."""
-    from raymt.workers.marian_npz import DecoderSettings, decoder_settings, shortlist_candidates
+    from raymt.workers.marian_npz import DecoderYaml, read_decoder_yaml, shortlist_candidates
     fs, root = fsspec.core.url_to_fs(model_url, **storage_options(model_url))
     root = root.rstrip("/")
     if fs.exists(f"{root}/decoder.yml"):
-        settings, _ = decoder_settings(directory_reader(model_url))
+        settings, _ = read_decoder_yaml(directory_reader(model_url))
     elif fs.exists(f"{root}/model.npz"):
-        settings = DecoderSettings("model.npz", ("", ""))
+        settings = DecoderYaml("model.npz", ("", ""))
     else:
         return None
     found = [n for n in shortlist_candidates(settings) if fs.exists(f"{root}/{n}")] if settings else []

@@ -174,7 +174,7 @@ def read_vocabulary(read: Reader, name: str, spm_name: str) -> tuple[Vocabulary 
 
 
 @dataclass(frozen=True)
-class DecoderSettings:
+class DecoderYaml:
     """What decoder.yml names: the model file, the source and target vocabularies, the shortlist, the beam."""
 
     model: str
@@ -183,13 +183,13 @@ class DecoderSettings:
     beam_size: int = 4
 
 
-def decoder_settings(read: Reader) -> tuple[DecoderSettings | None, list[str]]:
+def read_decoder_yaml(read: Reader) -> tuple[DecoderYaml | None, list[str]]:
     raw = read("decoder.yml")
     if raw is None:  # a bare training directory: model.npz with its vocabularies by name
         if read("model.npz") is None:
             return None, ["neither decoder.yml nor model.npz found"]
         vocab = next((n for n in ("vocab.yml", "vocab.spm") if read(n) is not None), "vocab.yml")
-        return DecoderSettings("model.npz", (vocab, vocab)), []
+        return DecoderYaml("model.npz", (vocab, vocab)), []
     d = parse_yaml(raw)
     if not isinstance(d, dict):
         return None, ["decoder.yml is not a YAML mapping"]
@@ -206,7 +206,7 @@ def decoder_settings(read: Reader) -> tuple[DecoderSettings | None, list[str]]:
         return None, reasons
     shortlist = tuple(str(v) for v in d.get("shortlist") or ())
     beam = d.get("beam-size", 4)
-    return DecoderSettings(file_name(str(models[0])), (file_name(str(vocabs[0])), file_name(str(vocabs[1]))),
+    return DecoderYaml(file_name(str(models[0])), (file_name(str(vocabs[0])), file_name(str(vocabs[1]))),
                            shortlist, beam if isinstance(beam, int) and beam > 0 else 4), []
 
 
@@ -241,8 +241,8 @@ def convert_state(arrays: dict[str, np.ndarray], options: dict) -> tuple[dict[st
                 if side == "encoder" and suffix.startswith("context_"):
                     continue
                 take(f"{side}_l{i + 1}_{suffix}", f"model.{side}.layers.{i}.{hf}",
-                     (lambda a: torch.from_numpy(np.asarray(a, dtype=np.float32).T.copy())) if transposed
-                     else (lambda a: torch.from_numpy(np.asarray(a, dtype=np.float32).reshape(-1).copy())))
+                     (lambda a: torch.from_numpy(np.asarray(a, dtype=np.float32).T)) if transposed  # (views)
+                     else (lambda a: torch.from_numpy(np.asarray(a, dtype=np.float32).reshape(-1))))
     if shared_embeddings(options):
         take("Wemb", "model.shared.weight", with_pad_row)
     else:
@@ -331,21 +331,21 @@ def load_npz(data: bytes, name: str) -> tuple[dict[str, np.ndarray], list[str]]:
         return {}, [f"{name} is not a readable npz file ({type(e).__name__}: {e})"]
 
 
-def shortlist_candidates(settings: DecoderSettings) -> list[str]:
+def shortlist_candidates(settings: DecoderYaml) -> list[str]:
     """The text shortlist files a Marian directory may hold, first found first: decoder.yml's
     ``shortlist:`` file, then ``lex.s2t`` (binary ``.bin`` and gzipped ``.gz`` shortlists are not read)."""
     named = [file_name(settings.shortlist[0])] if settings.shortlist else []
     return [n for n in dict.fromkeys(named + ["lex.s2t"]) if not n.endswith((".bin", ".gz"))]
 
 
-def shortlist_file(read: Reader, settings: DecoderSettings) -> str | None:
+def shortlist_file(read: Reader, settings: DecoderYaml) -> str | None:
     return next((n for n in shortlist_candidates(settings) if read(n) is not None), None)
 
 
 def open_marian(read: Reader) -> MarianReader:
     """The Marian directory served by ``read`` as an HF Marian directory; raises ``UnsupportedCheckpoint``
     once with every reason it cannot be (see the module's docstring)."""
-    settings, reasons = decoder_settings(read)
+    settings, reasons = read_decoder_yaml(read)
     if settings is None:
         raise UnsupportedCheckpoint(reasons)
     data = read(settings.model)
