@@ -8,14 +8,17 @@ Runs on the cluster at ``RAY_ADDRESS`` (or the job's cluster under ``ray job sub
 local one; a small job (``--local-rows``, default 1000) with no cluster address, or any job with
 ``--in-process``, runs the same worker code in this process without starting Ray.
 
-``--input``: ``.txt`` (one sentence a line), a ``.parquet`` file, or a directory of them (columns
-``--text-column``, optional ``--id-column`` / ``--reference-column``). ``--output``: a directory
-(one Parquet part per work unit: id, row, source, translation, score, nbest, status, reason,
-signature; ``_manifest/``, ``_stats/``, ``_PLAN.json``, ``_SUCCESS``) when the path ends in ``/``,
-is an existing directory or has no file extension; otherwise one file assembled from the parts
-kept in ``<output>.parts/``: Parquet for ``.parquet``, text (a line per input row) for any other
-extension (``.txt``, ``.en``, ...). Rerunning the same command resumes: committed units are
-skipped; a rerun with another input, model, search or ``--unit-rows`` is refused (``--restart``
+``--input``: text (one sentence a line), ``.tsv`` (``--column N``), ``.jsonl`` (``--text-field``), each
+also ``.gz`` / ``.bz2`` / ``.xz`` / ``.zst``, a ``.parquet`` file (columns ``--text-column``, optional
+``--id-column`` / ``--reference-column``), or a directory of them. ``--output``: a directory (one
+Parquet part per work unit: id, row, source, translation, score, nbest, status, reason, signature,
+the input's other columns unless ``--no-passthrough``; ``_manifest/``, ``_stats/``, ``_PLAN.json``,
+``_SUCCESS``) when the path ends in ``/``, is an existing directory or has no file extension;
+otherwise one file assembled from the parts kept in ``<output>.parts/``: Parquet for ``.parquet``,
+JSON lines for ``.jsonl``, TSV for ``.tsv``, text (a line per input row; Marian n-best lines with
+``--nbest`` > 1) for any other extension, compressed as named; ``.csv``, ``.json``, ... are refused.
+``-`` as input or output streams standard input / output through this process, without Ray.
+Rerunning the same command resumes: committed units are skipped; a rerun with another input, model, search or ``--unit-rows`` is refused (``--restart``
 discards the old output; a rerun that leaves ``--unit-rows`` out keeps the output's). Paths may be
 local or fsspec URLs (``s3://``; endpoint and credentials from the AWS environment variables).
 

@@ -7,6 +7,7 @@ import bz2
 import gzip
 import json
 import lzma
+import os
 import subprocess
 import sys
 
@@ -120,3 +121,17 @@ def test_stdin_to_stdout_translates_as_the_job_does(demo_model_dir, reference):
                          input=TEXT, capture_output=True, check=True, cwd=ROOT, timeout=300)
     assert out.stdout.decode().splitlines() == reference  # translations only: logs and summary on stderr
     assert b"translated 4 rows (ok 4) from - to -" in out.stderr
+
+
+def test_on_ray_the_input_columns_flow_through_and_stdin_translates_alike(demo_model_dir, tmp_path, reference):
+    """A Ray job (local cluster, two units on one decoder actor): the other columns are read again at
+    commit and reach the assembled Parquet; its translations are the stream's and the in-process job's."""
+    pq.write_table(pa.table({"text": LINES, "domain": ["a", "b", "c", "d"]}), tmp_path / "in.parquet", row_group_size=2)
+    job = subprocess.run([sys.executable, "-m", "raymt.jobs.translate", "--model", str(demo_model_dir), "--input",
+                          str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out.parquet"), "--beam-size", "2",
+                          "--unit-rows", "2", "--local-rows", "0", "--decoders", "1", "--threads", "1"],
+                         check=True, capture_output=True, cwd=ROOT, timeout=400, env={**os.environ, "RAY_ADDRESS": ""})
+    assert b"in 2 units" in job.stdout and b", ray (" in job.stdout  # decoded by a Ray actor, not in this process
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert table.column("translation").to_pylist() == reference
+    assert table.column("domain").to_pylist() == ["a", "b", "c", "d"]
