@@ -31,7 +31,7 @@ from raymt.pipeline.settings import DecoderSettings, PartColumns  # noqa: F401  
 from raymt.pipeline.sink import OUTPUT_SCHEMA, OutputStore, output_table
 from raymt.pipeline.storage import model_reader
 from raymt.pipeline.timeline import Counters, Sampler, Slice, Snapshot
-from raymt.pipeline.units import Columns, WorkUnit, read_unit
+from raymt.pipeline.units import Columns, UnitRows, WorkUnit, read_unit
 from raymt.workers.checkpoint import load_tokenizer
 from raymt.workers.device import DeviceUnavailable, resolve_device
 from raymt.workers.engine import DecodeStats
@@ -74,7 +74,11 @@ class EncoderWorker:
 
     def encode_unit(self, unit: WorkUnit) -> EncodedUnit:
         start = time.perf_counter()
-        rows = read_unit(unit, self.columns)
+        return self.encode_rows(unit, read_unit(unit, self.columns), start)
+
+    def encode_rows(self, unit: WorkUnit, rows: UnitRows, start: float | None = None) -> EncodedUnit:
+        """The unit's rows, as read, made ready to decode (the job's units and a stream's batches alike)."""
+        start = time.perf_counter() if start is None else start
         prepared = prepare_rows(rows.texts, self.encode, self.limit)
         statuses, reasons = mark_invalid(prepared.statuses, prepared.reasons, rows.problems)  # unparsable lines
         return EncodedUnit(unit, rows.ids, rows.rows,

@@ -22,16 +22,14 @@ from typing import IO, Callable, Iterable, Iterator
 import fsspec
 
 from raymt.pipeline.actors import EncoderWorker, decoded_table
-from raymt.pipeline.formats import OutputFormat, input_kind, mark_invalid, output_format
-from raymt.pipeline.records import EncodedUnit
+from raymt.pipeline.formats import OutputFormat, input_kind, output_format
 from raymt.pipeline.settings import DecoderSettings
 from raymt.pipeline.sink import compressed_writer
 from raymt.pipeline.storage import model_reader, open_whole, storage_options
 from raymt.pipeline.textfiles import open_lines
+from raymt.pipeline.units import Columns, InputError, WorkUnit, line_rows
 from raymt.pipeline.writers import lines_of
-from raymt.pipeline.units import Columns, InputError, UnitRows, WorkUnit, line_rows
 from raymt.workers.device import resolve_device
-from raymt.workers.rows import prepare_rows
 from raymt.workers.translator import Translator
 
 logger = logging.getLogger(__name__)
@@ -90,19 +88,14 @@ class StreamTranslator:
         """The output lines of input lines ``offset:offset + len(batch)`` (rows numbered from ``offset``)."""
         unit = WorkUnit(f"stream-{offset}", f"stream.{'txt' if kind == 'text' else kind}", offset, offset + len(batch),
                         offset, None)
-        rows: UnitRows = line_rows(unit, self.columns, batch, list(range(offset, offset + len(batch))))
-        prepared = prepare_rows(rows.texts, self.encoder.encode, self.encoder.limit)
-        statuses, reasons = mark_invalid(prepared.statuses, prepared.reasons, rows.problems)
-        enc = EncodedUnit(unit, rows.ids, rows.rows,
-                          [t.decode("utf-8", "replace") if isinstance(t, bytes) else t for t in rows.texts], None,
-                          statuses, reasons, prepared.pieces, prepared.piece_row, 0.0)
+        enc = self.encoder.encode_rows(unit, line_rows(unit, self.columns, batch, list(range(offset, offset + len(batch)))))
         s = self.settings
         decoded = self.translator.decode_ids(enc.pieces, s.search, self.shortlist, s.batching, static=s.static,
                                              forced_first=self.translator.forced_first(s.target_lang, len(enc.pieces)))
         table, _ = decoded_table(enc, decoded.hypotheses, self.translator.checkpoint.tokenizer, s.signature)
         result.rows += len(batch)
         result.target_tokens += decoded.stats.target_tokens
-        for status in statuses:
+        for status in enc.statuses:
             result.statuses[status] = result.statuses.get(status, 0) + 1
         return lines_of(table, self.fmt)
 

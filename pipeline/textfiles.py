@@ -14,6 +14,7 @@ is never needed. A unit still checks its file's size and version before and afte
 """
 from __future__ import annotations
 
+import io
 from contextlib import contextmanager
 from typing import IO, Iterator
 
@@ -35,6 +36,9 @@ class UnreadableText(ValueError):
 def open_lines(url: str) -> Iterator[IO[bytes]]:
     """The file's bytes, decompressed as they are read when its name says it is compressed."""
     compression = compression_of(url)
+    if compression and _empty(url):  # no stream at all (bz2 and xz would call it truncated): no lines
+        yield io.BytesIO()
+        return
     try:
         with fsspec.open(url, "rb", compression=compression, **storage_options(url)) as f:
             yield f
@@ -42,6 +46,11 @@ def open_lines(url: str) -> Iterator[IO[bytes]]:
         if compression is None or isinstance(e, FileNotFoundError):
             raise
         raise UnreadableText(f"{url}: cannot be decompressed as {compression}: {type(e).__name__}: {e}") from e
+
+
+def _empty(url: str) -> bool:
+    fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
+    return fs.size(path) == 0
 
 
 def check_text(url: str) -> None:

@@ -135,3 +135,29 @@ def test_on_ray_the_input_columns_flow_through_and_stdin_translates_alike(demo_m
     table = pq.read_table(tmp_path / "out.parquet")
     assert table.column("translation").to_pylist() == reference
     assert table.column("domain").to_pylist() == ["a", "b", "c", "d"]
+
+
+def test_a_stream_from_a_file_to_standard_output_and_from_standard_input_to_a_file(demo_model_dir, tmp_path,
+                                                                                      reference):
+    """``translate_stream`` (what ``-`` runs): n-best lines numbered across batches, and a compressed file written."""
+    import io
+
+    from raymt.jobs.translate import build_parser, decode_config, decoder_settings
+    from raymt.pipeline.stream import translate_stream
+    from raymt.pipeline.units import Columns
+
+    (tmp_path / "in.txt.bz2").write_bytes(bz2.compress(TEXT))
+    args = build_parser().parse_args(["--model", str(demo_model_dir), "--input", str(tmp_path / "in.txt.bz2"),
+                                      "--output", "-", "--beam-size", "2", "--nbest", "2", "--threads", "1"])
+    settings = decoder_settings(args, decode_config(args), one_file=False)
+    stdout = io.BytesIO()
+    result = translate_stream(str(tmp_path / "in.txt.bz2"), "-", settings, Columns(), stdin=io.BytesIO(),
+                              stdout=stdout, batch_rows=3)
+    got = read_marian_nbest(stdout.getvalue().decode())
+    assert result.rows == 4 and [k for k, _, _ in got] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [h for k, h, _ in got[::2]] == reference  # each sentence's best first
+    args = build_parser().parse_args(["--model", str(demo_model_dir), "--input", "-", "--output", "o.gz",
+                                      "--beam-size", "2", "--threads", "1"])
+    settings = decoder_settings(args, decode_config(args), one_file=False)
+    translate_stream("-", str(tmp_path / "out.en.gz"), settings, Columns(), stdin=io.BytesIO(TEXT), stdout=io.BytesIO())
+    assert gzip.decompress((tmp_path / "out.en.gz").read_bytes()).decode().splitlines() == reference

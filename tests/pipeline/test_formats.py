@@ -130,3 +130,18 @@ def test_jsonl_lines_carry_the_input_fields_translation_and_nbest():
                       "status": "ok", "nbest": [{"text": "Hi", "score": -0.5}]}
     assert got[1]["reason"] == "empty" and got[1]["nbest"] == [] and "lang" not in got[1]
     assert output_name("score") == "input_score" and output_name("lang") == "lang"
+
+
+def test_a_directory_reads_every_line_format_compressed_or_not_and_empty_streams(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt.gz").write_bytes(gzip.compress(b"eins\nzwei\n"))
+    (tmp_path / "in" / "b.jsonl").write_text('{"text": "drei"}\n')
+    (tmp_path / "in" / "c.tsv.xz").write_bytes(lzma.compress(b"vier\tfour\n"))
+    for suffix, compress in COMPRESS.items():
+        (tmp_path / "in" / f"d.txt.{suffix}").write_bytes(b"")  # zero bytes, not even a stream header: no rows
+    plan = plan_units(str(tmp_path / "in"), Columns(), unit_rows=1)
+    assert plan.rows == 4 and [t for u in plan.units for t in read_unit(u, Columns()).texts] == [b"eins", b"zwei",
+                                                                                              "drei", b"vier"]
+    (tmp_path / "in" / "e.csv").write_text("x\n")
+    with pytest.raises(InputError, match=r"also holds 1 other file\(s\), which would not be translated: .*e.csv"):
+        plan_units(str(tmp_path / "in"), Columns(), unit_rows=1)
