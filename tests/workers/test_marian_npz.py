@@ -8,7 +8,9 @@ Marian's parameter names and ``special:model.yml``, ``decoder.yml``, ``vocab.yml
   ``MarianMTModel`` whose greedy and beam-4 ``generate`` equal ours on the npz directory, token for
   token (transformers 5 no longer ships the converter: point ``RAYMT_MARIAN_CONVERTER`` at the file
   from a 4.x release, e.g. 4.46.3, to run it; HF's model loaded from the demo HF directory is compared always);
-- our npz load equals our HF load: every weight, greedy and beam-5 n-best tokens and scores;
+- our npz load equals our HF load: every weight, greedy and beam-5 n-best tokens and scores; the
+  same for separate vocabularies, an untied output layer, and a random model with OPUS-MT en-mg's
+  real 54,688-piece vocabulary (against HF's model, and HF's converter when it is at hand);
 - refusals: a CTranslate2 directory, a hub id, unsupported Marian options (all at once), missing
   vocabularies, each reason one line; the translate job gives the same output from either directory.
 """
@@ -319,3 +321,49 @@ def test_other_embedding_layouts_decode_as_the_hf_directory(marian_dir, ours_hf,
     ours = Translator.load(reader)
     cfg = search(2)
     assert [t.tokens for t in ours.translate(german, cfg)] == [t.tokens for t in ours_hf.translate(german, cfg)]
+
+
+@pytest.fixture(scope="module")
+def opus_mt_pair(tmp_path_factory):
+    """A small random-weight model with OPUS-MT en-mg's real tokenizer (54,688 pieces through vocab.yml),
+    a non-zero logits bias: HF's model loaded from its HF directory, and the model in Marian's layout."""
+    transformers = pytest.importorskip("transformers")
+    tokenizer = shared_path("opus-mt-spm", "en-mg")
+    root = tmp_path_factory.mktemp("opus-mt")
+    config = json.loads((tokenizer / "config.json").read_text())
+    config.update(d_model=64, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                  encoder_attention_heads=4, decoder_attention_heads=4, max_position_embeddings=64)
+    model = transformers.MarianMTModel(transformers.MarianConfig(
+        **{k: v for k, v in config.items() if k not in ("architectures", "transformers_version")})).eval()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layer_norm" not in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * (0.1 if name.endswith(".bias") else 0.3))
+        model.final_logits_bias.copy_(torch.randn(model.final_logits_bias.shape, generator=gen) * 0.5)
+        model.final_logits_bias[0, -1] = 0  # <pad>'s column and row: zero, as HF's conversion appends them
+        model.model.shared.weight[-1] = 0
+    hf_dir, marian = root / "hf", root / "marian"
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    for name in ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer / name, hf_dir / name)
+    export(str(hf_dir), str(marian))
+    return transformers.MarianMTModel.from_pretrained(hf_dir, dtype=torch.float32).eval(), marian
+
+
+def test_real_opus_mt_vocabulary_decodes_as_hf(opus_mt_pair):
+    hf_model, marian = opus_mt_pair
+    lines = shared_path("wmt22", "generaltest2022.de-en.ref.A.en").read_text(encoding="utf-8").splitlines()[:NUM_LINES]
+    ours = Translator.load(str(marian))
+    assert ours.checkpoint.tokenizer.source_vocab == \
+        json.loads(shared_path("opus-mt-spm", "en-mg", "vocab.json").read_text(encoding="utf-8"))
+    assert_generate_equal(hf_model, ours, lines)
+
+
+def test_hf_converter_reads_the_real_opus_mt_layout(opus_mt_pair, tmp_path):
+    converter = hf_converter()
+    source = tmp_path / "opus-mt-en-mg"
+    shutil.copytree(opus_mt_pair[1], source)
+    state = converter.OpusState(source)
+    lines = shared_path("wmt22", "generaltest2022.de-en.ref.A.en").read_text(encoding="utf-8").splitlines()[:NUM_LINES]
+    assert_generate_equal(state.load_marian_model().eval(), Translator.load(str(opus_mt_pair[1])), lines)
