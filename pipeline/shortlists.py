@@ -22,14 +22,18 @@ logger = logging.getLogger(__name__)
 
 
 def load_table(url: str, tok: MarianTokenizer) -> LexicalTable:
+    """A ``.vmap``, or a ``lex.s2t`` whose frequent targets are its ``.freq`` file's pieces; without
+    one (Marian's own shortlists), the target ids in order, as Marian reads them (its vocabularies are
+    sorted by frequency, and its shortlist's ``first`` count takes the first ids), ``<pad>`` aside."""
     text = read_text(url)
     if url.endswith(".vmap"):
         return read_vocab_map(text, tok.source_vocab, tok.target_vocab)
     freq_url = url + ".freq"
     fs, path = fsspec.core.url_to_fs(freq_url, **storage_options(freq_url))
-    frequent = []
     if fs.exists(path):
         frequent = [tok.target_vocab[p] for p in read_text(freq_url).split("\n") if p in tok.target_vocab]
+    else:
+        frequent = sorted(i for p, i in tok.target_vocab.items() if p != "<pad>")
     return read_lex_s2t(text, tok.source_vocab, tok.target_vocab, frequent)
 
 

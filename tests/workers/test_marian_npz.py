@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from raymt.pipeline.model_check import ModelError, check_model
-from raymt.pipeline.shortlists import shortlist_for
+from raymt.pipeline.shortlists import load_table, shortlist_for
 from raymt.workers.checkpoint import UnsupportedCheckpoint, local_reader
 from raymt.workers.config import SearchConfig
 from raymt.workers.marian_npz import MarianReader
@@ -277,6 +277,8 @@ def test_marian_directory_lexical_shortlist_is_used_by_default(marian_dir, tmp_p
     main(["--in-process", "--model", str(with_lex), "--input", str(sample), "--output", str(out), "--beam-size", "2"])
     assert f"|shortlist:{with_lex}/lex.s2t:" in capsys.readouterr().out  # the job's signature names it
     assert out.read_text(encoding="utf-8").count("\n") == sample.read_text(encoding="utf-8").count("\n")
+    table = load_table(f"{with_lex}/lex.s2t", Translator.load(str(with_lex)).checkpoint.tokenizer)
+    assert table.frequent[:3] == [0, 1, 2] and 8000 not in table.frequent  # no .freq: Marian's first ids, <pad> aside
     assert shortlist_for("none", str(with_lex)) is None
     assert shortlist_for("other.s2t", str(with_lex)) == "other.s2t"
     assert shortlist_for(None, str(marian_dir)) is None
