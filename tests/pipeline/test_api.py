@@ -73,7 +73,7 @@ def test_the_api_and_the_command_line_translate_alike(demo_model_dir, translator
     statuses through ``python -m raymt.jobs.translate`` and ``raymt.Translator``. The repeated word runs
     past the length cap a * source + b, so a cap that differed would show; the long line is split."""
     lines = [*SAMPLE.read_text(encoding="utf-8").split("\n")[:4], "Ja ja ja ja ja ja ja ja ja ja ja ja",
-             "Ein\x07 Hund.", " ".join(["Ein Hund läuft über die Wiese."] * 60)]
+             "Ein\x07 Hund.", " ".join(["Ein Hund läuft über die Wiese."] * 150)]
     src, out = tmp_path / "in.de.txt", tmp_path / "out.parquet"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     subprocess.run([sys.executable, "-m", "raymt.jobs.translate", "--in-process", "--threads", "1", "--nbest", "2",
