@@ -265,3 +265,19 @@ def test_config_mapping_and_refusals():
         config_from_hf({**nllb_3b, "d_model": 2050, "activation_function": "tanh", "pad_token_id": 300000})
     reasons = " | ".join(error.value.reasons)  # every reason at once
     assert "d_model 2050 not divisible" in reasons and "tanh" in reasons and "pad_token_id=300000" in reasons
+
+
+def test_public_api_takes_languages(model_dir, source_lines):
+    """``raymt.Translator`` (the job's row path) translates as ``workers.translator.Translator`` does."""
+    from raymt import Translator as Api
+
+    style, directory, _, _ = model_dir
+    src_lang, cycle = LANGS[style]
+    targets = [cycle[i % len(cycle)] for i in range(len(source_lines))]
+    api = Api.load(str(directory), search=SearchConfig(beam_size=2))
+    core = Translator.load(str(directory))
+    want = [t.text for t in core.translate(source_lines, SearchConfig(beam_size=2), source_lang=src_lang,
+                                           target_lang=targets)]
+    assert api.translate(source_lines, source_lang=src_lang, target_lang=targets) == want
+    with pytest.raises(ValueError, match="needs source_lang"):
+        api.translate(source_lines)
