@@ -13,13 +13,10 @@ renamed ``input_<name>``; ``--no-passthrough`` leaves them all out.
 """
 from __future__ import annotations
 
-import fsspec
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from raymt.pipeline.formats import input_kind, parse_jsonl
-from raymt.pipeline.storage import storage_options
-from raymt.pipeline.units import Columns, WorkUnit, check_pinned, read_unit_lines
+from raymt.pipeline.units import Columns, WorkUnit, check_pinned, read_parquet_rows, read_unit_lines
 from raymt.pipeline.writers import EXTRA_OUTPUTS, INPUT_JSON, PART_COLUMNS
 
 RESERVED = {*PART_COLUMNS, *EXTRA_OUTPUTS, INPUT_JSON, "length_ratio", "filters", "keep"}  # distillation's too
@@ -48,21 +45,10 @@ def read_passthrough(unit: WorkUnit, columns: Columns) -> pa.Table | None:
 
 
 def _parquet_columns(unit: WorkUnit, columns: Columns) -> pa.Table | None:
-    with fsspec.open(unit.path, "rb", **storage_options(unit.path)) as f:
-        pf = pq.ParquetFile(f)
-        used = {columns.text, unit.id_column, columns.reference}
-        names = [n for n in pf.schema_arrow.names if n not in used]
-        if not names:
-            return None
-        groups, first, seen = [], None, 0
-        for g in range(pf.metadata.num_row_groups):
-            n = pf.metadata.row_group(g).num_rows
-            if seen + n > unit.start and seen < unit.stop:
-                groups.append(g)
-                first = seen if first is None else first
-            seen += n
-        table = pf.read_row_groups(groups, columns=names)
-    table = table.slice(unit.start - first, unit.stop - unit.start)
+    used = {columns.text, unit.id_column, columns.reference}
+    table = read_parquet_rows(unit, lambda names: [n for n in names if n not in used])
+    if table is None:
+        return None
     return table.rename_columns([output_name(n) for n in table.column_names])
 
 

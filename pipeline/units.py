@@ -254,13 +254,14 @@ def read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
     return got
 
 
-def _read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
-    rows = list(range(unit.offset, unit.offset + unit.stop - unit.start))
-    if input_kind(unit.path) != "parquet":
-        return line_rows(unit, columns, read_unit_lines(unit), rows)
-    wanted = [c for c in (columns.text, unit.id_column, columns.reference) if c]
+def read_parquet_rows(unit: WorkUnit, pick: Callable[[list[str]], list[str]]) -> pa.Table | None:
+    """A Parquet unit's rows (only the row groups that hold them are read), of the columns ``pick``
+    chooses from the file's names; None when it chooses none."""
     with fsspec.open(unit.path, "rb", **storage_options(unit.path)) as f:
         pf = pq.ParquetFile(f)
+        names = pick(pf.schema_arrow.names)
+        if not names:
+            return None
         groups, first, seen = [], None, 0
         for g in range(pf.metadata.num_row_groups):
             n = pf.metadata.row_group(g).num_rows
@@ -268,8 +269,16 @@ def _read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
                 groups.append(g)
                 first = seen if first is None else first
             seen += n
-        table = pf.read_row_groups(groups, columns=list(dict.fromkeys(wanted)))
-    table = table.slice(unit.start - first, unit.stop - unit.start)
+        table = pf.read_row_groups(groups, columns=names)
+    return table.slice(unit.start - first, unit.stop - unit.start)
+
+
+def _read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
+    rows = list(range(unit.offset, unit.offset + unit.stop - unit.start))
+    if input_kind(unit.path) != "parquet":
+        return line_rows(unit, columns, read_unit_lines(unit), rows)
+    wanted = [c for c in (columns.text, unit.id_column, columns.reference) if c]
+    table = read_parquet_rows(unit, lambda names: list(dict.fromkeys(wanted)))
     texts = _cells(table.column(columns.text))
     ids = [None if x is None else str(x) for x in table.column(unit.id_column).to_pylist()] if unit.id_column \
         else [str(r) for r in rows]
