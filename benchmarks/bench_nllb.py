@@ -16,10 +16,11 @@ process). Systems, interleaved as ``benchmarks/peers.py`` runs them (warm-up exc
 The shortlist is a frequency list of the target language (Multi30k's French, ``--shortlist-n`` most
 frequent pieces, the language code and the special tokens): random weights have no lexical table to
 learn from. Random weights give degenerate outputs (mostly ids past the small SentencePiece model's,
-which have no text), so every system returns its generated tokens (the language code and EOS left
-out) as space-separated ids or pieces, not text: throughput is those tokens per second, and its
-ratios to ours are the result, at a fixed cap of ``--max-length`` generated tokens; BLEU means
-nothing here. Not run by the tests except at a tiny shape (tests/benchmarks).
+which have no text, and near-uniform distributions that end at once), so EOS is made improbable
+(the decoder's final LayerNorm bias lowers its logit by ``EOS_PENALTY``) and every system decodes
+every sentence to ``--max-length`` generated tokens: the same steps for all. Each system returns its
+generated tokens (the language code and EOS left out) as space-separated ids or pieces, not text:
+throughput is those tokens per second, and its ratios to ours are the result; BLEU means nothing here. Not run by the tests except at a tiny shape (tests/benchmarks).
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from raymt.workers.translator import Translator
 logger = logging.getLogger(__name__)
 DATA = Path(os.environ.get("RAYMT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 SOURCE, TARGET = "deu_Latn", "fra_Latn"
+EOS_PENALTY = 30.0
 
 
 def build_model(directory: Path, *, d_model: int, layers: int, heads: int, ffn: int, vocab: int, seed: int = 0) -> Path:
@@ -70,7 +72,11 @@ def build_model(directory: Path, *, d_model: int, layers: int, heads: int, ffn: 
                                     decoder_layers=layers, encoder_attention_heads=heads, decoder_attention_heads=heads,
                                     encoder_ffn_dim=ffn, decoder_ffn_dim=ffn, max_position_embeddings=1024,
                                     scale_embedding=True, dropout=0.1, attention_dropout=0.1, tokenizer_class="NllbTokenizer")
-    transformers.M2M100ForConditionalGeneration(cfg).save_pretrained(str(directory))
+    model = transformers.M2M100ForConditionalGeneration(cfg)
+    with torch.no_grad():  # EOS's logit lowered by EOS_PENALTY: every system decodes to the cap
+        eos = model.model.shared.weight[cfg.eos_token_id]
+        model.model.decoder.layer_norm.bias.copy_(-EOS_PENALTY * eos / eos.dot(eos))
+    model.save_pretrained(str(directory))
     (directory / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 0, "decoder_start_token_id": 2, "eos_token_id": 2, "max_length": 200, "pad_token_id": 1}))
     return directory
@@ -102,7 +108,7 @@ class Ct2Nllb:
         results = self._ct2.translate_batch(pieces, target_prefix=[[TARGET]] * len(lines), beam_size=self.cfg.beam_size,
                                             length_penalty=self.cfg.length_penalty, max_batch_size=32,
                                             max_decoding_length=self.cfg.max_decoding_length)
-        return [" ".join(p for p in hyp if p not in (TARGET, "</s>")) for hyp in results]
+        return [" ".join(p for p in hyp[1:] if p != "</s>") for hyp in results]  # (hyp[0]: the target prefix)
 
 
 def ct2_system(model_dir: Path, compute_type: str, threads: int, cfg: SearchConfig, translator: Translator,
@@ -134,14 +140,15 @@ def hf_system(model_dir: Path, cfg: SearchConfig, translator: Translator, batch_
                                       max_new_tokens=cfg.max_decoding_length, do_sample=False,
                                       forced_bos_token_id=forced, bad_words_ids=[[model.config.pad_token_id]])
             for i, ids in zip(idx, seqs.tolist()):
-                out[i] = generated(ids[1:], forced)
+                out[i] = generated(ids[1:])  # (ids[0]: the start token)
         return out
     return translate
 
 
-def generated(ids: list[int], language: int, eos: int = 2, pad: int = 1) -> str:
-    """A hypothesis's generated ids, the language code, EOS and padding left out, space-separated."""
-    return " ".join(str(i) for i in ids if i not in (language, eos, pad))
+def generated(ids: list[int], eos: int = 2, pad: int = 1) -> str:
+    """A hypothesis's generated ids after its first (the forced language code), EOS and padding left
+    out, space-separated."""
+    return " ".join(str(i) for i in ids[1:] if i not in (eos, pad))
 
 
 def frequency_shortlist(translator: Translator, top_n: int) -> Shortlist:
@@ -158,10 +165,8 @@ def systems(args: argparse.Namespace, model_dir: Path, work: Path, cfg: SearchCo
     fp32 = Translator.load(str(model_dir), threads=args.threads, speedups=EXACT)
     int8 = Translator.load(str(model_dir), threads=args.threads, speedups=replace(EXACT, int8=True))
 
-    language = fp32.checkpoint.tokenizer.lang_id(TARGET)
-
     def ours_langs(translator: Translator, shortlist: Shortlist | None = None):
-        return lambda lines: [generated(list(t.tokens), language) for t in translator.translate(
+        return lambda lines: [generated(list(t.tokens)) for t in translator.translate(
             lines, cfg, shortlist, source_lang=SOURCE, target_lang=TARGET)]
     out = [PeerRun("ours float32", ours_langs(fp32)),
            PeerRun(f"ours float32 + shortlist (n={args.shortlist_n})", ours_langs(fp32, frequency_shortlist(fp32, args.shortlist_n))),

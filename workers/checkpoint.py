@@ -42,6 +42,9 @@ Reader = Callable[[str], "bytes | None"]
 
 # Keys that may be absent: static tables recomputed exactly, or a bias that defaults to zero.
 OPTIONAL_SUFFIXES = ("embed_positions.weight", "final_logits_bias")
+# Keys some M2M100 / NLLB files carry that HF never loads either: the sinusoidal table's buffer (HF's
+# name ``weights``, recomputed) and fairseq's ``_float_tensor`` placeholder. Skipped, not refused.
+IGNORED_SUFFIXES = ("embed_positions.weights", "embed_positions._float_tensor")
 
 
 def local_reader(directory: str) -> Reader:
@@ -167,7 +170,8 @@ def expected_layout(cfg: ModelConfig) -> StateLayout:
 def shape_problems(layout: StateLayout, found: Mapping[str, tuple[int, ...]]) -> list[str]:
     """Every unexpected, missing (optional keys aside) or misshaped key of a checkpoint whose tensors
     have shapes ``found``; any name of a tied group stands for the group."""
-    reasons = [f"unexpected weight key {k!r}" for k in sorted(set(found) - set(layout.shapes))]
+    reasons = [f"unexpected weight key {k!r}" for k in sorted(set(found) - set(layout.shapes))
+               if not k.endswith(IGNORED_SUFFIXES)]
     required = set(layout.required())
     for group in layout.groups:
         present = [k for k in group if k in found]

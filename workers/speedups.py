@@ -350,6 +350,9 @@ def apply_speedups(model: MarianModel, opts: CpuSpeedups) -> MarianModel:
     if opts.native and next(model.parameters()).device.type == "cpu":
         kernels = load_native()  # None where they cannot be built: the ATen operators decode
         model.model.decoder.ops = NativeOps(kernels) if kernels is not None else ATEN
+        if kernels is not None and model.config.normalize_before:
+            logger.info("pre-norm model: the native attention kernels decode; its LayerNorms and residual adds run "
+                        "in ATen (the native fused add + LayerNorm is post-norm only)")
     if opts.onednn and next(model.parameters()).device.type == "cpu" and not opts.fp16:  # (no fp16 packing)
         if onednn_available():
             pack_onednn(model)

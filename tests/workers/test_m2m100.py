@@ -281,3 +281,21 @@ def test_public_api_takes_languages(model_dir, source_lines):
     assert api.translate(source_lines, source_lang=src_lang, target_lang=targets) == want
     with pytest.raises(ValueError, match="needs source_lang"):
         api.translate(source_lines)
+
+
+def test_position_table_keys_some_files_carry_are_skipped(model_dir, tmp_path):
+    """``embed_positions.weights`` / ``._float_tensor`` (tables HF recomputes too) load; any other stray key is refused."""
+    from safetensors.torch import load_file, save_file
+
+    style, directory, _, _ = model_dir
+    copy = tmp_path / "copy"
+    shutil.copytree(directory, copy)
+    weights = load_file(str(copy / "model.safetensors"))
+    weights["model.encoder.embed_positions.weights"] = torch.zeros(66, 32)
+    weights["model.decoder.embed_positions._float_tensor"] = torch.zeros(1)
+    save_file(weights, str(copy / "model.safetensors"))
+    assert Translator.load(str(copy), speedups=PLAIN).checkpoint.multilingual
+    weights["model.encoder.stray"] = torch.zeros(1)
+    save_file(weights, str(copy / "model.safetensors"))
+    with pytest.raises(UnsupportedCheckpoint, match="model.encoder.stray"):
+        Translator.load(str(copy), speedups=PLAIN)
