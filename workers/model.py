@@ -148,7 +148,11 @@ class EncoderLayer(nn.Module):
         h = self.self_attn_layer_norm(x)
         x = x + F.dropout(self.self_attn(h, h, mask), self.dropout, self.training)
         h = F.dropout(self.act(self.fc1(self.final_layer_norm(x))), self.activation_dropout, self.training)
-        return x + F.dropout(self.fc2(h), self.dropout, self.training)
+        x = x + F.dropout(self.fc2(h), self.dropout, self.training)
+        if x.dtype == torch.float16:  # as HF: the residual stream kept finite in float16
+            bound = torch.finfo(x.dtype).max - 1000
+            x = x.clamp(-bound, bound)
+        return x
 
 
 class DecoderLayer(nn.Module):

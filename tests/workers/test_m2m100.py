@@ -202,14 +202,16 @@ def test_static_step_and_shortlist_keep_the_forced_first_token(model_dir, source
     assert all(t in set(candidates.tolist()) for h in short for t in h[0].tokens[1:])
 
 
-def test_int8_agrees_with_float(model_dir, source_lines):
-    """int8 (workers/speedups.py rewrites the Linear layers, pre-norm or not): most translations equal float32's."""
+@pytest.mark.parametrize("lower", [CpuSpeedups(int8=True), CpuSpeedups(fp16=True)], ids=["int8", "fp16"])
+def test_lower_precision_agrees_with_float(model_dir, source_lines, lower):
+    """int8 (workers/speedups.py rewrites the Linear layers, pre-norm or not) and float16 (HF's residual
+    clamp included): most translations equal float32's."""
     style, directory, _, _ = model_dir
     src_lang, cycle = LANGS[style]
     cfg = SearchConfig(beam_size=4, max_decoding_length=CAP, max_length_a=0.0, max_length_b=CAP)
     ref = Translator.load(str(directory), speedups=PLAIN).translate(source_lines, cfg, source_lang=src_lang,
                                                                      target_lang=cycle[0])
-    got = Translator.load(str(directory), speedups=CpuSpeedups(int8=True)).translate(
+    got = Translator.load(str(directory), speedups=lower).translate(
         source_lines, cfg, source_lang=src_lang, target_lang=cycle[0])
     same = sum(a.tokens == b.tokens for a, b in zip(ref, got))
     assert same >= 0.6 * len(ref), [(a.tokens, b.tokens) for a, b in zip(ref, got)]
