@@ -301,3 +301,22 @@ def test_position_table_keys_some_files_carry_are_skipped(model_dir, tmp_path):
     save_file(weights, str(copy / "model.safetensors"))
     with pytest.raises(UnsupportedCheckpoint, match="model.encoder.stray"):
         Translator.load(str(copy), speedups=PLAIN)
+
+
+def test_nbest_scores_match_hf_with_a_length_penalty(model_dir, source_lines):
+    """All 4 hypotheses of beam 4 (the forced language counted in the length, as HF counts it), lp 0.6."""
+    style, directory, hf, hf_tok = model_dir
+    src_lang, cycle = LANGS[style]
+    ours = Translator.load(str(directory), speedups=PLAIN)
+    cfg = SearchConfig(beam_size=4, num_hypotheses=4, length_penalty=0.6, max_decoding_length=CAP, max_length_a=0.0,
+                       max_length_b=CAP)
+    got = ours.translate(source_lines, cfg, source_lang=src_lang, target_lang=cycle[0])
+    hf_tok.src_lang = src_lang
+    m2m = isinstance(hf_tok, transformers.M2M100Tokenizer)
+    forced = hf_tok.get_lang_id(cycle[0]) if m2m else hf_tok.convert_tokens_to_ids(cycle[0])
+    out = hf.generate(**hf_tok(source_lines, return_tensors="pt", padding=True), num_beams=4, num_return_sequences=4,
+                      max_length=CAP + 1, forced_bos_token_id=forced, bad_words_ids=[[PAD]], length_penalty=0.6,
+                      early_stopping=False, output_scores=True, return_dict_in_generate=True)
+    scores = out.sequences_scores.view(len(source_lines), 4).tolist()
+    for translation, want in zip(got, scores):
+        assert [s for _, s in translation.nbest] == pytest.approx(want, abs=1e-4)
