@@ -130,6 +130,9 @@ def per_row_languages(tokenizer, codes: str | Sequence[str] | None, n: int, name
     langs = [codes] * n if isinstance(codes, str) else list(codes)
     if len(langs) != n:
         raise LanguageError(f"{name}: {len(langs)} codes for {n} texts")
+    if None in langs:
+        flag = "--" + name.replace("_lang", "-lang")
+        raise LanguageError(f"{name}: a text without a code (a per-row column's empty cell needs a default: {flag})")
     for code in set(langs):
         tokenizer.lang_id(code)
     return langs

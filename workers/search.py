@@ -7,6 +7,8 @@ checked token for token against it:
 * a candidate that ends (EOS, or reaching the length cap) becomes a finished hypothesis only if it
   ranks among the first ``K``; the best ``K`` non-ending candidates stay running;
 * finished scores are ``sum_logprob / generated_length ** length_penalty`` (EOS counted);
+* a sentence's first token may be forced (HF's ``forced_bos_token_id``, per row here: an M2M100 /
+  NLLB target language): log-prob 0, nothing else possible, and counted in the length as HF counts it;
 * a sentence is done when it holds ``K`` finished hypotheses and its best running beam, normalised
   at the current length, cannot beat the worst of them (HF's heuristic, ``early_stopping=False``),
   or, with ``early_stopping=True``, as soon as it holds ``K``.
