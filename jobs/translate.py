@@ -192,7 +192,8 @@ def pipeline_config(args: argparse.Namespace, decode: DecodeConfig) -> PipelineC
 
 
 def columns_of(args: argparse.Namespace) -> Columns:
-    return Columns(args.text_column, args.id_column, args.reference_column, tsv_column=args.tsv_column)
+    return Columns(args.text_column, args.id_column, args.reference_column, tsv_column=args.tsv_column,
+                   source_lang=args.source_lang_column, target_lang=args.target_lang_column)
 
 
 def local_path(url: str) -> str:

@@ -74,6 +74,12 @@ def add_input_flags(g) -> None:
                    help="the Parquet column or JSONL field to translate")
     g.add_argument("--id-column", "--id-field", dest="id_column",
                    help="the Parquet column or JSONL field of ids; default: 'id' when present, else the row number")
+    g.add_argument("--source-lang-column", "--source-lang-field", dest="source_lang_column",
+                   help="M2M100 / NLLB: a Parquet column or JSONL field of per-row source languages (an empty one: "
+                        "--source-lang)")
+    g.add_argument("--target-lang-column", "--target-lang-field", dest="target_lang_column",
+                   help="M2M100 / NLLB: a Parquet column or JSONL field of per-row target languages (an empty one: "
+                        "--target-lang); rows of different languages are decoded together")
     g.add_argument("--column", dest="tsv_column", type=int, default=1, metavar="N",
                    help="a .tsv input's column to translate, 1-based as in cut -f (Mozilla-style src<TAB>trg: 1)")
     g.add_argument("--no-passthrough", action="store_true",

@@ -55,8 +55,9 @@ class EncoderWorker:
             self.tokenizer, config = model.checkpoint.tokenizer, model.checkpoint.model.config
         else:  # an encoder actor needs the tokenizer, not the weights
             self.tokenizer, config, _ = load_tokenizer(model_reader(model))
-        self.encode = source_encoder(self.tokenizer, source_lang)  # (M2M100 / NLLB: the source language bound)
-        self.columns = columns
+        self.source_lang, self.columns = source_lang, columns
+        self._encoders: dict[str | None, Callable[[str], list[int]]] = {}
+        self.encode = None if columns.source_lang else self.encoder(source_lang)  # (per-row: ``encoder`` per row)
         self.limit = config.max_position_embeddings
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -79,12 +80,20 @@ class EncoderWorker:
     def encode_rows(self, unit: WorkUnit, rows: UnitRows, start: float | None = None) -> EncodedUnit:
         """The unit's rows, as read, made ready to decode (the job's units and a stream's batches alike)."""
         start = time.perf_counter() if start is None else start
-        prepared = prepare_rows(rows.texts, self.encode, self.limit)
+        encode = self.encode if rows.source_langs is None else [self.encoder(lang or self.source_lang)
+                                                                 for lang in rows.source_langs]
+        prepared = prepare_rows(rows.texts, encode, self.limit)
         statuses, reasons = mark_invalid(prepared.statuses, prepared.reasons, rows.problems)  # unparsable lines
         return EncodedUnit(unit, rows.ids, rows.rows,
                            [t.decode("utf-8", "replace") if isinstance(t, bytes) else t for t in rows.texts],
                            rows.references, statuses, reasons, prepared.pieces, prepared.piece_row,
-                           time.perf_counter() - start)
+                           time.perf_counter() - start, rows.target_langs)
+
+    def encoder(self, source_lang: str | None) -> Callable[[str], list[int]]:
+        """``tokenizer.encode`` with a source language bound (M2M100 / NLLB; checked once per language)."""
+        if source_lang not in self._encoders:
+            self._encoders[source_lang] = source_encoder(self.tokenizer, source_lang)
+        return self._encoders[source_lang]
 
 
 class DecoderWorker:
@@ -116,7 +125,8 @@ class DecoderWorker:
         self.last_done = time.time()
         self.metrics = Metrics() if _in_ray() else None
         self.encoder = EncoderWorker(self.translator, columns, settings.source_lang)
-        self.translator.forced_first(settings.target_lang, 1)  # (a missing or unknown language: one line, here)
+        if not columns.target_lang:  # (a missing or unknown language: one line, here)
+            self.translator.forced_first(settings.target_lang, 1)
         self.name, self.report = name or self.actor, report
         self.lock = threading.Lock()
         self.base = Counters()  # earlier units' counters
@@ -170,7 +180,7 @@ class DecoderWorker:
         t0 = time.perf_counter()
         decoded = tr.decode_ids(enc.pieces, self.settings.search, self.shortlist, self.settings.batching, stats=self.live,
                                 static=self.settings.static,
-                                forced_first=tr.forced_first(self.settings.target_lang, len(enc.pieces)))
+                                forced_first=tr.forced_first(piece_targets(enc, self.settings.target_lang), len(enc.pieces)))
         hyps = decoded.hypotheses
         decode_s = time.perf_counter() - t0
         self.sampler.sample()  # the unit's last slice ends with its last step
@@ -223,6 +233,13 @@ class DecoderWorker:
             bleu_stats=list(evaluation.bleu) if evaluation else None,
             chrf_stats=list(evaluation.chrf) if evaluation else None,
             slices=tuple(self.sampler.take(since=started)))
+
+
+def piece_targets(enc: EncodedUnit, default: str | None) -> str | list[str | None] | None:
+    """Each piece's target language: its row's (a per-row column), else the job's ``default``."""
+    if enc.target_langs is None:
+        return default
+    return [enc.target_langs[row] or default for row in enc.piece_row]
 
 
 def decoded_table(enc: EncodedUnit, hyps: list[list[Hypothesis]], tokenizer, signature: str) -> tuple[pa.Table, list[str]]:

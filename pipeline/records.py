@@ -30,6 +30,7 @@ class EncodedUnit:
     pieces: list[list[int]]  # token ids of every piece to translate (a row cut to fit: several)
     piece_row: list[int]  # the row (index into ``rows``) each piece belongs to
     encode_s: float
+    target_langs: list | None = None  # per row: its target language (M2M100 / NLLB column), None: the job's
 
     @property
     def source_tokens(self) -> int:

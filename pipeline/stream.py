@@ -21,7 +21,7 @@ from typing import IO, Callable, Iterable, Iterator
 
 import fsspec
 
-from raymt.pipeline.actors import EncoderWorker, decoded_table
+from raymt.pipeline.actors import EncoderWorker, decoded_table, piece_targets
 from raymt.pipeline.formats import OutputFormat, input_kind, output_format
 from raymt.pipeline.settings import DecoderSettings
 from raymt.pipeline.sink import compressed_writer
@@ -76,7 +76,8 @@ class StreamTranslator:
                                           max_batch_size=settings.max_batch_size, speedups=settings.speedups,
                                           device=resolve_device(settings.device))
         self.encoder = EncoderWorker(self.translator, columns, settings.source_lang)
-        self.translator.forced_first(settings.target_lang, 1)  # (a missing or unknown language: one line, here)
+        if not columns.target_lang:  # (a missing or unknown language: one line, here)
+            self.translator.forced_first(settings.target_lang, 1)
         self.shortlist = None
         if settings.shortlist:
             from raymt.pipeline.shortlists import load_shortlist
@@ -91,7 +92,8 @@ class StreamTranslator:
         enc = self.encoder.encode_rows(unit, line_rows(unit, self.columns, batch, list(range(offset, offset + len(batch)))))
         s = self.settings
         decoded = self.translator.decode_ids(enc.pieces, s.search, self.shortlist, s.batching, static=s.static,
-                                             forced_first=self.translator.forced_first(s.target_lang, len(enc.pieces)))
+                                             forced_first=self.translator.forced_first(piece_targets(enc, s.target_lang),
+                                                                                       len(enc.pieces)))
         table, _ = decoded_table(enc, decoded.hypotheses, self.translator.checkpoint.tokenizer, s.signature)
         result.rows += len(batch)
         result.target_tokens += decoded.stats.target_tokens

@@ -19,6 +19,7 @@ columns exist when named. Errors name the columns found.
 """
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import Callable
@@ -56,6 +57,8 @@ class Columns:
     id: str | None = None  # None: use "id" if present, else the global row number
     reference: str | None = None
     tsv_column: int = 1  # a TSV input's text column, 1-based (as ``cut -f``)
+    source_lang: str | None = None  # M2M100 / NLLB: a Parquet column / JSONL field of per-row source languages
+    target_lang: str | None = None  # ... and of per-row target languages (an empty cell: the job's language)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +247,8 @@ class UnitRows:
     references: list[str] | None
     problems: list[str | None] | None = None  # per row: why its line could not be parsed (TSV / JSONL), or None
     fields: list[str | None] | None = None  # per row: a JSONL line's other fields (a JSON object's text)
+    source_langs: list[str | None] | None = None  # per row: its source language (``Columns.source_lang``)
+    target_langs: list[str | None] | None = None  # per row: its target language (``Columns.target_lang``)
 
 
 def read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
@@ -278,14 +283,24 @@ def _read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
     if input_kind(unit.path) != "parquet":
         return line_rows(unit, columns, read_unit_lines(unit), rows)
     wanted = [c for c in (columns.text, unit.id_column, columns.reference) if c]
-    table = read_parquet_rows(unit, lambda names: list(dict.fromkeys(wanted)))
+    langs = [c for c in (columns.source_lang, columns.target_lang) if c]  # optional: read where the file has them
+    table = read_parquet_rows(unit, lambda names: list(dict.fromkeys(wanted + [c for c in langs if c in names])))
     texts = _cells(table.column(columns.text))
     ids = [None if x is None else str(x) for x in table.column(unit.id_column).to_pylist()] if unit.id_column \
         else [str(r) for r in rows]
     refs = None
     if columns.reference:
         refs = ["" if r is None else str(r) for r in table.column(columns.reference).to_pylist()]
-    return UnitRows(ids, rows, texts, refs)
+    cells = {name: table.column(name).to_pylist() for name in langs if name in table.column_names}
+    return UnitRows(ids, rows, texts, refs, source_langs=_languages(cells, columns.source_lang, len(rows)),
+                    target_langs=_languages(cells, columns.target_lang, len(rows)))
+
+
+def _languages(cells: dict[str, list], name: str | None, n: int) -> list[str | None] | None:
+    """A per-row language column's codes (None where a cell is null or empty, or the file lacks it)."""
+    if not name:
+        return None
+    return [str(x) if x not in (None, "") else None for x in cells.get(name, [None] * n)]
 
 
 def _cells(column: pa.ChunkedArray) -> list:
@@ -315,5 +330,9 @@ def line_rows(unit: WorkUnit, columns: Columns, lines: list[bytes], rows: list[i
     parsed: list[ParsedRow] = [parse_jsonl(line, columns.text, columns.id) for line in lines] if kind == "jsonl" \
         else [parse_tsv(line, columns.tsv_column) for line in lines]
     ids = [p.id if p.id is not None else str(r) for p, r in zip(parsed, rows)]
-    return UnitRows(ids, rows, [p.text for p in parsed], None, [p.problem for p in parsed],
-                    [p.fields for p in parsed] if kind == "jsonl" else None)
+    fields = [p.fields for p in parsed] if kind == "jsonl" else None
+    objects = [json.loads(f) if f else {} for f in fields] if fields and (columns.source_lang or columns.target_lang) else []
+    cells = {name: [o.get(name) for o in objects] for name in (columns.source_lang, columns.target_lang) if name and objects}
+    return UnitRows(ids, rows, [p.text for p in parsed], None, [p.problem for p in parsed], fields,
+                    _languages(cells, columns.source_lang, len(rows)) if kind == "jsonl" else None,
+                    _languages(cells, columns.target_lang, len(rows)) if kind == "jsonl" else None)

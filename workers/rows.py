@@ -26,17 +26,20 @@ class PreparedRows:
     piece_row: list[int]  # the row (index into the input) each piece belongs to
 
 
-def prepare_rows(cells: Sequence[str | bytes | None], encode: Callable[[str], list[int]], limit: int) -> PreparedRows:
-    """Cells -> statuses and pieces. ``limit``: the model's positions (source ids, EOS included)."""
+def prepare_rows(cells: Sequence[str | bytes | None], encode: Callable[[str], list[int]] | Sequence[Callable],
+                 limit: int) -> PreparedRows:
+    """Cells -> statuses and pieces. ``limit``: the model's positions (source ids, EOS included).
+    ``encode``: one tokenizer call for every cell, or one per cell (per-row source languages)."""
     statuses, reasons, pieces, piece_row = [], [], [], []
     for i, cell in enumerate(cells):
+        encode_cell = encode if callable(encode) else encode[i]
         c = clean_text(cell)
         status, reason = c.statuses, c.reasons
-        ids = encode(c.text) if c.translatable else []
+        ids = encode_cell(c.text) if c.translatable else []
         if len(ids) > limit:  # longer than the model's positions: cut into pieces that fit
-            cut = split_to_fit(c.text, lambda s: len(encode(s)), limit)
+            cut = split_to_fit(c.text, lambda s: len(encode_cell(s)), limit)
             status, reason = (*status, *cut.statuses), (*reason, *cut.reasons)
-            pieces += [encode(text) for text in cut.texts]
+            pieces += [encode_cell(text) for text in cut.texts]
             piece_row += [i] * len(cut.texts)
         elif ids:
             pieces.append(ids)

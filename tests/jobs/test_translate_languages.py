@@ -47,3 +47,28 @@ def test_job_translates_into_the_target_language_and_refuses_without_one(nllb_di
     with pytest.raises(SystemExit) as error:
         main([*base, "--output", str(tmp_path / "bad.txt"), "--target-lang", "fr"])
     assert "unknown language code 'fr'" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_per_row_target_language_column(nllb_dir, tmp_path):
+    """``--source-lang-column`` / ``--target-lang-column``: a Parquet column / JSONL field gives each row its
+    languages (rows of different languages decoded together); a row without one takes the job's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lines = shared_path("multi30k", "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:6]
+    langs = ["fra_Latn", "eng_Latn", None, "ita_Latn", "eng_Latn", None]
+    sources = [None, "eng_Latn", "deu_Latn", None, "fra_Latn", "eng_Latn"]
+    pq.write_table(pa.table({"text": lines, "lang": langs, "src": sources}), tmp_path / "in.parquet")
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t, **({"lang": g} if g else {}), "src": s}) + "\n"
+                                               for t, g, s in zip(lines, langs, sources)), encoding="utf-8")
+    tr = Translator.load(str(nllb_dir))
+    want = [t.text for t in tr.translate(lines, SearchConfig(beam_size=2), source_lang=[s or "deu_Latn" for s in sources],
+                                         target_lang=[g or "fra_Latn" for g in langs])]
+    assert want != [t.text for t in tr.translate(lines, SearchConfig(beam_size=2), source_lang="deu_Latn",
+                                                 target_lang=[g or "fra_Latn" for g in langs])]  # (the sources count)
+    for name in ("in.parquet", "in.jsonl"):
+        out = tmp_path / f"out-{name}.txt"
+        main(["--in-process", "--threads", "1", "--model", str(nllb_dir), "--input", str(tmp_path / name),
+              "--output", str(out), "--beam-size", "2", "--source-lang", "deu_Latn", "--target-lang", "fra_Latn",
+              "--target-lang-column", "lang", "--source-lang-column", "src"])
+        assert out.read_text(encoding="utf-8").splitlines() == want, name
