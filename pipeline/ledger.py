@@ -22,7 +22,8 @@ from raymt.pipeline.storage import storage_options
 
 PLAN = "_PLAN.json"
 MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "source.spm", "target.spm", "vocab.json",
-               "target_vocab.json", "decoder.yml", "model.npz", "vocab.yml", "vocab.spm")  # (the last four: Marian's)
+               "target_vocab.json", "decoder.yml", "model.npz", "vocab.yml", "vocab.spm",  # (these four: Marian's)
+               "sentencepiece.bpe.model", "tokenizer.json")  # (M2M100 / NLLB)
 
 
 class PlanMismatch(RuntimeError):

@@ -78,7 +78,8 @@ def _decoder_pool(cfg: PipelineConfig, cluster_cpus: float, cluster_gpus: float)
 
 def plan_record(cfg: PipelineConfig, plan: Plan) -> PlanRecord:
     model = model_files(cfg.decoder.model) + ([file_version(cfg.decoder.shortlist)] if cfg.decoder.shortlist else [])
-    columns = {k: v for k, v in asdict(cfg.columns).items() if (k, v) != ("tsv_column", 1)}  # earlier plans lack it
+    columns = {k: v for k, v in asdict(cfg.columns).items()  # earlier plans lack these at their defaults
+               if (k, v) not in (("tsv_column", 1), ("source_lang", None), ("target_lang", None))}
     return PlanRecord(inputs=plan.versions, columns=columns,  # the versions the units are pinned to
                       unit_rows=plan.unit_rows, units=len(plan.units), rows=plan.rows,
                       signature=cfg.decoder.signature, model=tuple(model))
