@@ -260,6 +260,10 @@ def _decode_on_ray(cfg: PipelineConfig, result: PipelineResult, store: OutputSto
     cfg = replace(cfg, decoder=cfg.decoder.with_threads(cfg.decoder.threads or 2))
     resources = ray.cluster_resources()
     shape = _decoder_pool(cfg, resources.get("CPU", 1), resources.get("GPU", 0))
+    if not isinstance(cfg.decoders, tuple) and len(todo) < shape[1]:  # a fixed pool: no decoder without a unit
+        shape = (len(todo), len(todo), *shape[2:])
+    if cfg.encoders and len(todo) <= shape[1]:  # one unit per decoder: nothing to tokenise ahead, an encoder
+        cfg = replace(cfg, encoders=0)          # actor would only add its start-up (a small job's seconds)
     check_placeable(shape[2], shape[3], ray.nodes(), autoscaling=isinstance(cfg.decoders, tuple))
     if cfg.gpus_per_decoder and not resources.get("GPU"):
         logger.warning("each decoder actor asks for %s GPU(s) and the cluster has none now: the job waits at most "
