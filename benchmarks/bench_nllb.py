@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--work-dir", help="where the model and its conversions are kept (default: a cached temp dir)")
     p.add_argument("--no-ct2", action="store_true")
     p.add_argument("--no-hf", action="store_true")
+    p.add_argument("--out", default="", help="also write <out>.md and <out>.json (machine named)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
@@ -216,6 +217,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
         row["vs_ours_float32"] = round(row["tokens_per_s"] / base, 2)
         print(f"  {row['system']:<40} {row['tokens_per_s']:>9.1f} tok/s ({row['spread']})  x{row['vs_ours_float32']}"
               f"  {row['target_tokens']} tokens")
+    if args.out:
+        from raymt.pipeline.reports import markdown_table, write_report
+        by = {r["system"].split(" (")[0]: r["tokens_per_s"] for r in table}
+        pairs = [("ours float32", "CTranslate2 float32"), ("ours int8", "CTranslate2 int8"),
+                 ("ours float32 + shortlist", "ours float32"), ("ours float32", "HF generate float32")]
+        ratios = {f"{a} / {b}": round(by[a] / by[b], 3) for a, b in pairs if a in by and b in by}
+        write_report(args.out, {"shape": shape, "beam": args.beam_size, "max_length": args.max_length,
+                                "threads": args.threads, "lines": len(lines), "runs": table, "ratios": ratios},
+                     [f"# NLLB-200-distilled-600M's shapes, random weights: {shape}\n",
+                      f"beam {args.beam_size}, every sentence decoded to {args.max_length} generated tokens, "
+                      f"{args.threads} threads, {len(lines)} Multi30k lines, {args.repeats} interleaved repeats; "
+                      "tokens/s of generated tokens (BLEU meaningless with random weights).\n",
+                      markdown_table(table), "", "Ratios: " + ", ".join(f"{k} = {v}" for k, v in ratios.items()), ""])
     return table
 
 
