@@ -35,7 +35,7 @@ from raymt.pipeline.units import Columns, UnitRows, WorkUnit, read_unit
 from raymt.workers.checkpoint import load_tokenizer
 from raymt.workers.device import DeviceUnavailable, resolve_device
 from raymt.workers.engine import DecodeStats
-from raymt.workers.lang_tokenizer import source_encoder
+from raymt.workers.lang_tokenizer import row_language_problems, source_encoder
 from raymt.workers.rows import join_rows, prepare_rows
 from raymt.workers.search import Hypothesis
 from raymt.workers.translator import Translator
@@ -50,12 +50,13 @@ def unit_to_row(unit: WorkUnit) -> dict:
 class EncoderWorker:
     """unit rows -> encoded unit rows: cleaned text, statuses, token-id pieces that fit the model."""
 
-    def __init__(self, model: str | Translator, columns: Columns, source_lang: str | None = None) -> None:
+    def __init__(self, model: str | Translator, columns: Columns, source_lang: str | None = None,
+                 target_lang: str | None = None) -> None:
         if isinstance(model, Translator):
             self.tokenizer, config = model.checkpoint.tokenizer, model.checkpoint.model.config
         else:  # an encoder actor needs the tokenizer, not the weights
             self.tokenizer, config, _ = load_tokenizer(model_reader(model))
-        self.source_lang, self.columns = source_lang, columns
+        self.source_lang, self.target_lang, self.columns = source_lang, target_lang, columns
         self._encoders: dict[str | None, Callable[[str], list[int]]] = {}
         self.encode = None if columns.source_lang else self.encoder(source_lang)  # (per-row: ``encoder`` per row)
         self.limit = config.max_position_embeddings
@@ -80,10 +81,14 @@ class EncoderWorker:
     def encode_rows(self, unit: WorkUnit, rows: UnitRows, start: float | None = None) -> EncodedUnit:
         """The unit's rows, as read, made ready to decode (the job's units and a stream's batches alike)."""
         start = time.perf_counter() if start is None else start
-        encode = self.encode if rows.source_langs is None else [self.encoder(lang or self.source_lang)
-                                                                 for lang in rows.source_langs]
-        prepared = prepare_rows(rows.texts, encode, self.limit)
-        statuses, reasons = mark_invalid(prepared.statuses, prepared.reasons, rows.problems)  # unparsable lines
+        bad = row_language_problems(self.tokenizer, rows.source_langs, rows.target_langs, self.source_lang,
+                                    self.target_lang)  # (a row with an unusable code: ``invalid``, not translated)
+        texts = rows.texts if not bad or not any(bad) else [None if b else t for t, b in zip(rows.texts, bad)]
+        encode = self.encode if rows.source_langs is None else [
+            None if bad and bad[i] else self.encoder(lang or self.source_lang) for i, lang in enumerate(rows.source_langs)]
+        prepared = prepare_rows(texts, encode, self.limit)
+        problems = bad if not rows.problems else [p or b for p, b in zip(rows.problems, bad or [None] * len(rows.problems))]
+        statuses, reasons = mark_invalid(prepared.statuses, prepared.reasons, problems)  # unparsable lines, bad codes
         return EncodedUnit(unit, rows.ids, rows.rows,
                            [t.decode("utf-8", "replace") if isinstance(t, bytes) else t for t in rows.texts],
                            rows.references, statuses, reasons, prepared.pieces, prepared.piece_row,
@@ -124,7 +129,7 @@ class DecoderWorker:
         self.node = _node_id()
         self.last_done = time.time()
         self.metrics = Metrics() if _in_ray() else None
-        self.encoder = EncoderWorker(self.translator, columns, settings.source_lang)
+        self.encoder = EncoderWorker(self.translator, columns, settings.source_lang, settings.target_lang)
         if not columns.target_lang:  # (a missing or unknown language: one line, here)
             self.translator.forced_first(settings.target_lang, 1)
         self.name, self.report = name or self.actor, report

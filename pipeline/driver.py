@@ -141,7 +141,8 @@ class Driver:
         ds = ray.data.from_items([unit_to_row(u) for u in self.todo], override_num_blocks=len(self.todo))
         ds = ds.map_batches(EncoderWorker, fn_constructor_kwargs={"model": self.cfg.decoder.model,
                                                                   "columns": self.cfg.columns,
-                                                                  "source_lang": self.cfg.decoder.source_lang},
+                                                                  "source_lang": self.cfg.decoder.source_lang,
+                                                                  "target_lang": self.cfg.decoder.target_lang},
                             batch_size=1, batch_format="pyarrow", compute=ActorPoolStrategy(size=self.cfg.encoders),
                             num_cpus=self.cfg.encoder_cpus)
         for bundle in ds.iter_internal_ref_bundles():

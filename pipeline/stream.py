@@ -75,7 +75,7 @@ class StreamTranslator:
         self.translator = Translator.load(model_reader(settings.model), threads=settings.threads or os.cpu_count(),
                                           max_batch_size=settings.max_batch_size, speedups=settings.speedups,
                                           device=resolve_device(settings.device))
-        self.encoder = EncoderWorker(self.translator, columns, settings.source_lang)
+        self.encoder = EncoderWorker(self.translator, columns, settings.source_lang, settings.target_lang)
         if not columns.target_lang:  # (a missing or unknown language: one line, here)
             self.translator.forced_first(settings.target_lang, 1)
         self.shortlist = None

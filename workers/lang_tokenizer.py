@@ -78,9 +78,17 @@ class LanguageTokenizer:
         key = code[2:-2] if self.style == "m2m100" and code.startswith("__") and code.endswith("__") else code
         if key in self.languages:
             return self.languages[key]
+        raise LanguageError(f"unknown language code {code!r} for this {self.style} model; valid: {self.listed_codes()}")
+
+    def knows(self, code: str) -> bool:
+        """Whether ``lang_id`` takes ``code``."""
+        key = code[2:-2] if self.style == "m2m100" and code.startswith("__") and code.endswith("__") else code
+        return key in self.languages
+
+    def listed_codes(self) -> str:
+        """The first valid codes and their count, for one-line messages."""
         codes = sorted(self.languages)
-        shown = ", ".join(codes[:LISTED_CODES]) + (f", ... ({len(codes)} codes)" if len(codes) > LISTED_CODES else "")
-        raise LanguageError(f"unknown language code {code!r} for this {self.style} model; valid: {shown}")
+        return ", ".join(codes[:LISTED_CODES]) + (f", ... ({len(codes)} codes)" if len(codes) > LISTED_CODES else "")
 
     def source_pieces(self, text: str) -> list[str]:
         return self.spm.encode(text, out_type=str)
@@ -133,9 +141,39 @@ def per_row_languages(tokenizer, codes: str | Sequence[str] | None, n: int, name
     if None in langs:
         flag = "--" + name.replace("_lang", "-lang")
         raise LanguageError(f"{name}: a text without a code (a per-row column's empty cell needs a default: {flag})")
-    for code in set(langs):
-        tokenizer.lang_id(code)
+    if len(set(langs)) == 1:
+        tokenizer.lang_id(langs[0])  # (one code: the one-line unknown-code message)
+        return langs
+    bad = [(i, code) for i, code in enumerate(langs) if not tokenizer.knows(code)]
+    if bad:
+        shown = ", ".join(f"{i} ({code!r})" for i, code in bad[:LISTED_CODES]) + (" ..." if len(bad) > LISTED_CODES else "")
+        raise LanguageError(f"{name}: unknown codes in {len(bad)} of {n} rows: {shown}; valid: {tokenizer.listed_codes()}")
     return langs
+
+
+def row_language_problems(tokenizer, source_langs: Sequence[str | None] | None,
+                          target_langs: Sequence[str | None] | None, default_source: str | None,
+                          default_target: str | None) -> list[str | None] | None:
+    """Per row, why its languages (a per-row column's cells, an empty one taking the default) cannot be
+    used, or None: an unknown code, or no code at all. None when no row has per-row languages or the
+    model is not an M2M100 / NLLB one (the job's own languages are checked once, at its start)."""
+    if not isinstance(tokenizer, LanguageTokenizer) or (source_langs is None and target_langs is None):
+        return None
+    n = len(source_langs if source_langs is not None else target_langs)
+    problems: list[str | None] = [None] * n
+    for name, cells, default in (("target", target_langs, default_target), ("source", source_langs, default_source)):
+        if cells is None:
+            continue
+        for i, cell in enumerate(cells):
+            code = cell or default
+            if problems[i] is not None:
+                continue
+            if code is None:
+                problems[i] = f"no {name} language: an empty cell and no --{name}-lang default"
+            elif not tokenizer.knows(code):
+                problems[i] = f"unknown {name} language {code!r} ({len(tokenizer.languages)} codes: " \
+                              f"{', '.join(sorted(tokenizer.languages)[:LISTED_CODES])}, ...)"
+    return problems
 
 
 def source_encoder(tokenizer, source_lang: str | None) -> Callable[[str], list[int]]:

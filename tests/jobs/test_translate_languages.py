@@ -72,3 +72,32 @@ def test_per_row_target_language_column(nllb_dir, tmp_path):
               "--output", str(out), "--beam-size", "2", "--source-lang", "deu_Latn", "--target-lang", "fra_Latn",
               "--target-lang-column", "lang", "--source-lang-column", "src"])
         assert out.read_text(encoding="utf-8").splitlines() == want, name
+
+
+def test_a_bad_code_in_a_language_column_is_one_invalid_row(nllb_dir, tmp_path):
+    """An unknown (or missing) code in a per-row column: that row ``invalid`` with the code named and
+    its translation empty; every other row of the unit translates as without it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lines = shared_path("multi30k", "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:5]
+    langs = ["fra_Latn", "xx_Latn", "eng_Latn", None, "fra_Latn"]
+    sources = ["deu_Latn", "deu_Latn", "deu_Latn", "deu_Latn", "zz_Zzzz"]
+    pq.write_table(pa.table({"text": lines, "lang": langs, "src": sources}), tmp_path / "in.parquet")
+    main(["--in-process", "--threads", "1", "--model", str(nllb_dir), "--input", str(tmp_path / "in.parquet"),
+          "--output", str(tmp_path / "out.parquet"), "--beam-size", "2", "--source-lang", "deu_Latn",
+          "--target-lang-column", "lang", "--source-lang-column", "src"])
+    out = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert [r["status"] for r in out] == ["ok", "invalid", "ok", "invalid", "invalid"]
+    assert out[1]["reason"].startswith("unknown target language 'xx_Latn' (202 codes: ace_Arab, ")
+    assert out[3]["reason"].startswith("no target language") and "--target-lang" in out[3]["reason"]
+    assert out[4]["reason"].startswith("unknown source language 'zz_Zzzz'")
+    assert [r["source"] for r in out] == lines and [out[i]["translation"] for i in (1, 3, 4)] == ["", "", ""]
+    tr = Translator.load(str(nllb_dir))
+    good = [0, 2]
+    want = tr.translate([lines[i] for i in good], SearchConfig(beam_size=2), source_lang="deu_Latn",
+                        target_lang=[langs[i] for i in good])
+    assert [out[i]["translation"] for i in good] == [t.text for t in want]
+    with pytest.raises(ValueError, match=r"target_lang: unknown codes in 1 of 5 rows: 1 \('xx_Latn'\)"):
+        tr.translate(lines, SearchConfig(beam_size=2), source_lang="deu_Latn",
+                     target_lang=[g or "fra_Latn" for g in langs])
