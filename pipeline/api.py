@@ -20,7 +20,7 @@ from raymt.workers.config import SearchConfig
 from raymt.workers.decode_config import DEFAULTS, DecodeConfig, RuntimeConfig, ShortlistSource, batching_for
 from raymt.workers.device import resolve_device
 from raymt.workers.engine import DecodeStats
-from raymt.workers.lang_tokenizer import source_encoder
+from raymt.workers.lang_tokenizer import per_row_languages, source_encoder
 from raymt.workers.rows import join_rows, prepare_rows
 from raymt.workers.shortlist import Shortlist
 from raymt.workers.speedups import EXACT, CpuSpeedups
@@ -91,25 +91,26 @@ class Translator:
                                        top_n=decode.shortlist.top_n, special_ids=core.special_target_ids())
         return cls(core, decode, shortlist)
 
-    def translate(self, texts: Sequence[str], *, nbest: int | None = None, source_lang: str | None = None,
+    def translate(self, texts: Sequence[str], *, nbest: int | None = None, source_lang: str | Sequence[str] | None = None,
                   target_lang: str | Sequence[str] | None = None, **search):
         """Texts -> their translations, in order. ``nbest`` N: per text its N best ``(hypothesis,
         score)``, best first, instead (N <= beam_size). ``search``: any ``SearchConfig`` field for
         this call (``beam_size``, ``length_penalty``, ``max_decoding_length``, ``max_length_a``, ...).
-        ``source_lang`` / ``target_lang``: an M2M100 / NLLB model's languages (required there), the
-        target one code or one per text."""
+        ``source_lang`` / ``target_lang``: an M2M100 / NLLB model's languages (required there), each one
+        code or one per text (a list with unknown codes: one ValueError naming those rows)."""
         rows = self.translate_rows(texts, nbest=nbest, source_lang=source_lang, target_lang=target_lang, **search)
         if nbest is None:
             return [r.text for r in rows]
         return [list(r.nbest) for r in rows]
 
     def translate_rows(self, cells: Sequence[str | bytes | None], *, nbest: int | None = None,
-                       source_lang: str | None = None, target_lang: str | Sequence[str] | None = None,
+                       source_lang: str | Sequence[str] | None = None, target_lang: str | Sequence[str] | None = None,
                        **search) -> list[RowTranslation]:
         """Cells (text, UTF-8 bytes or None) -> one ``RowTranslation`` each, in order."""
         cfg = replace(self.decode.search, **search, **({"num_hypotheses": nbest} if nbest else {}))
         tok = self.core.checkpoint.tokenizer
-        encode = source_encoder(tok, source_lang)  # (M2M100 / NLLB: the source language bound)
+        encode = source_encoder(tok, source_lang) if source_lang is None or isinstance(source_lang, str) \
+            else _per_row_encoders(tok, source_lang, len(cells))  # (M2M100 / NLLB: the source language bound)
         forced = self.core.forced_first(target_lang, len(cells))  # per row (None: a Marian model)
         prepared = prepare_rows(cells, encode, self.core.checkpoint.model.config.max_position_embeddings)
         forced = None if forced is None else [forced[row] for row in prepared.piece_row]
@@ -129,3 +130,10 @@ class Translator:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _per_row_encoders(tok, source_langs: Sequence[str], n: int) -> list:
+    """One ``encode`` per text, its source language bound (codes checked once, unknown ones in one error)."""
+    langs = per_row_languages(tok, source_langs, n, "source_lang")
+    encoders = {code: source_encoder(tok, code) for code in set(langs)}
+    return [encoders[code] for code in langs]

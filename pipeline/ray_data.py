@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from raymt.workers.config import SearchConfig
 from raymt.workers.decode_config import DEFAULTS
+from raymt.workers.lang_tokenizer import LanguageError, LanguageTokenizer, per_row_languages, row_language_problems
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,40 @@ def row_error(value) -> str | None:
     return None
 
 
+def _code(cell) -> str | None:
+    """A language cell's code (None where it is null, NaN or empty: the fixed code applies)."""
+    return cell if isinstance(cell, str) and cell else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Languages:
+    """The operator's languages: a fixed code and / or a column of codes, per side."""
+
+    source: str | None = None
+    target: str | None = None
+    source_column: str | None = None
+    target_column: str | None = None
+
+    def check(self, tok) -> None:
+        """One line at construction: languages an M2M100 / NLLB model lacks, or a Marian model is given."""
+        for name, code, column in (("source_lang", self.source, self.source_column),
+                                   ("target_lang", self.target, self.target_column)):
+            if column and not isinstance(tok, LanguageTokenizer):
+                raise LanguageError(f"Translate: {name}_column applies to M2M100 / NLLB models; this Marian model "
+                                    "takes no languages")
+            if code is not None or not column:
+                try:
+                    per_row_languages(tok, code, 1, name)
+                except LanguageError as e:
+                    raise LanguageError(f"Translate: {e}" + ("" if code else f"; or {name}_column=, a column of "
+                                                             "codes per row")) from None
+
+    def per_row(self, sources: list | None, targets: list | None, n: int) -> tuple:
+        """The codes ``translate`` takes: the fixed one, or per row (an empty cell: the fixed one)."""
+        return tuple(fixed if cells is None else [c or fixed for c in cells]
+                     for fixed, cells in ((self.source, sources), (self.target, targets)))
+
+
 class Translate:
     """A callable class for ``Dataset.map_batches``: translates ``column`` into ``output_column``.
 
@@ -61,52 +96,70 @@ class Translate:
     (default: the command line's). Cells go through the job's row path (``raymt.workers.rows``): a
     cell longer than the model's positions is split and joined, control characters are removed.
     Rows arrive in any batch format (pyarrow, pandas, numpy dicts) and leave in the same one.
+
+    An M2M100 / NLLB model needs its languages: ``source_lang`` / ``target_lang`` a code for every
+    row, or ``source_lang_column`` / ``target_lang_column`` a column of codes per row (an empty cell
+    takes the fixed code when one is given too); without them the constructor raises one line. A row
+    whose code is unknown (or missing) gets "" and the reason in ``translation_error``.
     """
 
     def __init__(self, model: str, column: str = "text", *, output_column: str = "translation",
                  search: SearchConfig | None = None, device: str = "cpu", compute_type: str = "float32",
-                 threads: int = 0, shortlist: str | None = None, max_batch_tokens: int = 0) -> None:
+                 threads: int = 0, shortlist: str | None = None, max_batch_tokens: int = 0,
+                 source_lang: str | None = None, target_lang: str | None = None,
+                 source_lang_column: str | None = None, target_lang_column: str | None = None) -> None:
         from raymt.pipeline.api import Translator  # (torch: only inside the actor)
 
         self.column, self.output_column = column, output_column
+        self._closed, self.stats = False, TranslateStats()
         self.translator = Translator.load(model, device=device, compute_type=compute_type, threads=threads,
                                           shortlist=shortlist, search=search or DEFAULTS.search,
                                           max_batch_tokens=max_batch_tokens)
+        self.languages = _Languages(source_lang, target_lang, source_lang_column, target_lang_column)
+        self.languages.check(self.translator.core.checkpoint.tokenizer)
         self.search, self.device = self.translator.decode.search, self.translator.core.checkpoint.model.device
         self.batching = self.translator.decode.batching
-        self.stats = TranslateStats()
-        self._closed = False
         logger.info("Translate: %s on %s (%s), column %r -> %r", model, self.device, compute_type, column, output_column)
 
     def __call__(self, batch):
         if isinstance(batch, pa.Table):
-            texts = batch.column(self.column).to_pylist()
-            out, errors = self.translate_texts(texts)
+            get = lambda name: batch.column(name).to_pylist()  # noqa: E731
+        elif isinstance(batch, dict):
+            get = lambda name: list(batch[name])  # noqa: E731
+        else:  # pandas
+            get = lambda name: batch[name].tolist()  # noqa: E731
+        sources, targets = (None if not name else [_code(c) for c in get(name)]
+                            for name in (self.languages.source_column, self.languages.target_column))
+        out, errors = self.translate_texts(get(self.column), sources, targets)
+        if isinstance(batch, pa.Table):
             return (batch.append_column(self.output_column, pa.array(out, pa.string()))
                     .append_column(ERROR_COLUMN, pa.array(errors, pa.string())))
         if isinstance(batch, dict):
-            texts = list(batch[self.column])
-            out, errors = self.translate_texts(texts)
             return {**batch, self.output_column: np.array(out, dtype=object),
                     ERROR_COLUMN: np.array(errors, dtype=object)}
-        texts = batch[self.column].tolist()  # pandas
-        out, errors = self.translate_texts(texts)
         return batch.assign(**{self.output_column: out, ERROR_COLUMN: errors})
 
-    def translate_texts(self, texts: list) -> tuple[list[str], list[str | None]]:
-        """Cells -> (translations, per-row error or None). A bad cell gives "" and its reason; a
-        batch that fails to decode is retried row by row, so one row never fails the others."""
-        errors = [row_error(t) for t in texts]
+    def translate_texts(self, texts: list, source_langs: list[str | None] | None = None,
+                        target_langs: list[str | None] | None = None) -> tuple[list[str], list[str | None]]:
+        """Cells (and their rows' language cells) -> (translations, per-row error or None). A bad cell
+        or language code gives "" and its reason; a batch that fails to decode is retried row by row,
+        so one row never fails the others."""
+        lang = self.languages
+        tok = self.translator.core.checkpoint.tokenizer
+        bad = row_language_problems(tok, source_langs, target_langs, lang.source, lang.target) or [None] * len(texts)
+        errors = [row_error(t) or b for t, b in zip(texts, bad)]
         good = [i for i, e in enumerate(errors) if e is None]
+        src, tgt = lang.per_row(source_langs, target_langs, len(texts))
+        pick = lambda codes, rows: codes if codes is None or isinstance(codes, str) else [codes[i] for i in rows]  # noqa: E731
         out = [""] * len(texts)
         try:
-            translated = self._decode([texts[i] for i in good])
+            translated = self._decode([texts[i] for i in good], pick(src, good), pick(tgt, good))
         except Exception:  # noqa: BLE001  (retried one by one below: the failing rows get the reason)
             logger.exception("a batch of %d rows failed to decode; retrying row by row", len(good))
             translated = []
             for i in good:
                 try:
-                    translated.extend(self._decode([texts[i]]))
+                    translated.extend(self._decode([texts[i]], pick(src, [i]), pick(tgt, [i])))
                 except Exception as e:  # noqa: BLE001
                     translated.append("")
                     errors[i] = f"decode failed: {type(e).__name__}: {e}"[:500]
@@ -114,11 +167,11 @@ class Translate:
             out[i] = text
         return out, errors
 
-    def _decode(self, texts: list[str]) -> list[str]:
+    def _decode(self, texts: list[str], source_lang=None, target_lang=None) -> list[str]:
         if not texts:
             return []
         t0, tokens = time.perf_counter(), self.translator.stats.target_tokens
-        out = self.translator.translate(texts)
+        out = self.translator.translate(texts, source_lang=source_lang, target_lang=target_lang)
         self.stats = TranslateStats(self.stats.sentences + len(texts),
                                     self.stats.target_tokens + self.translator.stats.target_tokens - tokens,
                                     self.stats.seconds + time.perf_counter() - t0)

@@ -47,3 +47,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def nllb_dir(tmp_path_factory) -> Path:
+    """A tiny random NLLB-200 directory (``tests/workers/test_m2m100.py``'s models, 1+1 layers)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("sentencepiece")
+    from tests.workers.test_m2m100 import make_nllb_dir, train_spm
+    return make_nllb_dir(tmp_path_factory.mktemp("nllb"), train_spm())

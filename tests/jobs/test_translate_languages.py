@@ -5,29 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from raymt.jobs.translate import main
 from raymt.workers.config import SearchConfig
 from raymt.workers.translator import Translator
 from tests.conftest import shared_path
-from tests.workers.test_m2m100 import EOS_BIAS, randomize, spm_model, write_tokenizer  # noqa: F401  (fixture)
 
 transformers = pytest.importorskip("transformers")
-
-
-@pytest.fixture(scope="module")
-def nllb_dir(tmp_path_factory, spm_model):  # noqa: F811
-    directory = tmp_path_factory.mktemp("nllb")
-    tok = write_tokenizer(directory, "nllb", spm_model)
-    torch.manual_seed(0)
-    cfg = transformers.M2M100Config(vocab_size=len(tok), d_model=32, encoder_layers=1, decoder_layers=1,
-                                    encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-                                    decoder_ffn_dim=64, max_position_embeddings=64)
-    hf = transformers.M2M100ForConditionalGeneration(cfg).eval()
-    randomize(hf, EOS_BIAS["nllb"])
-    hf.save_pretrained(str(directory))
-    return directory
 
 
 def test_job_translates_into_the_target_language_and_refuses_without_one(nllb_dir, tmp_path, capsys):

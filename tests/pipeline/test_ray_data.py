@@ -83,3 +83,33 @@ def test_a_token_budget_decodes_the_same_translations(demo_model_dir, one_thread
     by_tokens = Translate(str(demo_model_dir), search=SEARCH, max_batch_tokens=64)
     by_sentences = Translate(str(demo_model_dir), search=SEARCH)
     assert by_tokens.translate_texts(texts) == by_sentences.translate_texts(texts)
+
+
+def test_languages_a_fixed_code_or_a_column_per_row_without_ray(nllb_dir, one_thread):
+    """An NLLB model through the operator: a fixed target language or a column of them (pass-through
+    columns kept), the same translations as ``raymt.Translator``; an unknown code is that row's
+    ``translation_error``; without languages, one error at construction."""
+    import raymt
+    from raymt.workers.lang_tokenizer import LanguageError
+    from tests.conftest import shared_path
+
+    lines = shared_path("multi30k", "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:5]
+    langs = ["fra_Latn", "eng_Latn", None, "xx_Latn", "ita_Latn"]
+    batch = pa.table({"text": lines, "lang": langs, "id": list(range(5))})
+    api = raymt.Translator.load(str(nllb_dir), search=SEARCH, threads=1)
+    args = {"model": str(nllb_dir), "search": SEARCH, "threads": 1, "source_lang": "deu_Latn"}
+    fixed = Translate(**args, target_lang="eng_Latn")(batch)
+    assert fixed.column("translation").to_pylist() == api.translate(lines, source_lang="deu_Latn", target_lang="eng_Latn")
+    per_row = Translate(**args, target_lang="fra_Latn", target_lang_column="lang")(batch)
+    assert per_row.column_names == ["text", "lang", "id", "translation", ERROR_COLUMN]
+    good = [0, 1, 2, 4]
+    want = api.translate([lines[i] for i in good], source_lang="deu_Latn", target_lang=[langs[i] or "fra_Latn" for i in good])
+    out, errors = per_row.column("translation").to_pylist(), per_row.column(ERROR_COLUMN).to_pylist()
+    assert [out[i] for i in good] == want and out[3] == "" and out != fixed.column("translation").to_pylist()
+    assert errors[3].startswith("unknown target language 'xx_Latn' (202 codes: ") and errors[:3] == [None] * 3
+    sources = Translate(model=str(nllb_dir), search=SEARCH, threads=1, source_lang_column="src", target_lang="eng_Latn")(
+        pa.table({"text": lines[:2], "src": ["deu_Latn", "fra_Latn"]}))
+    assert sources.column("translation").to_pylist() == api.translate(lines[:2], source_lang=["deu_Latn", "fra_Latn"],
+                                                                       target_lang="eng_Latn")
+    with pytest.raises(LanguageError, match="^Translate: this nllb model needs target_lang.*target_lang_column="):
+        Translate(**args)

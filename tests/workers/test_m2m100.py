@@ -47,6 +47,11 @@ PLAIN = CpuSpeedups()
 
 @pytest.fixture(scope="session")
 def spm_model() -> bytes:
+    return train_spm()
+
+
+def train_spm() -> bytes:
+    """A 600-piece BPE model trained on Multi30k's de / en / fr lines."""
     lines = []
     for lang in ("de", "en", "fr"):
         lines += shared_path("multi30k", f"train.{lang}").read_text(encoding="utf-8").splitlines()[:1500]
@@ -110,6 +115,20 @@ def model_dir(request, tmp_path_factory, spm_model):
     (directory / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 0, "decoder_start_token_id": 2, "eos_token_id": 2, "max_length": 200, "pad_token_id": 1}))
     return style, directory, hf, hf_tok
+
+
+def make_nllb_dir(directory: Path, spm_model: bytes) -> Path:
+    """A tiny random NLLB directory (1+1 layers), for the job, API, operator and shortlist tests
+    (``tests/conftest.py``'s ``nllb_dir``)."""
+    tok = write_tokenizer(directory, "nllb", spm_model)
+    torch.manual_seed(0)
+    cfg = transformers.M2M100Config(vocab_size=len(tok), d_model=32, encoder_layers=1, decoder_layers=1,
+                                    encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                    decoder_ffn_dim=64, max_position_embeddings=64)
+    hf = transformers.M2M100ForConditionalGeneration(cfg).eval()
+    randomize(hf, EOS_BIAS["nllb"])
+    hf.save_pretrained(str(directory))
+    return directory
 
 
 def hf_generate(hf, hf_tok, texts, src_lang, tgt_lang, beam):
