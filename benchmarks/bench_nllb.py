@@ -13,9 +13,10 @@ process). Systems, interleaved as ``benchmarks/peers.py`` runs them (warm-up exc
 
     ours float32, ours float32 + shortlist, ours int8, CTranslate2 float32 / int8, HF generate float32
 
-The shortlist is a frequency list of the target language (Multi30k's French, ``--shortlist-n`` most
-frequent pieces, the language code and the special tokens): random weights have no lexical table to
-learn from. Random weights give degenerate outputs (mostly ids past the small SentencePiece model's,
+The shortlist is a per-target-language one, as ``raymt build-shortlist --target-lang`` writes and
+``--shortlist <directory>`` reads (``<work-dir>/shortlists/fra_Latn.s2t`` + ``.freq``): a frequency
+list of the target language (Multi30k's French, ``--shortlist-n`` most frequent pieces, the language
+code and the special tokens): random weights have no lexical table to learn from. Random weights give degenerate outputs (mostly ids past the small SentencePiece model's,
 which have no text, and near-uniform distributions that end at once), so EOS is made improbable
 (the decoder's final LayerNorm bias lowers its logit by ``EOS_PENALTY``) and every system decodes
 every sentence to ``--max-length`` generated tokens: the same steps for all. Each system returns its
@@ -31,7 +32,6 @@ import logging
 import os
 import subprocess
 import sys
-from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,7 +40,9 @@ import torch
 from benchmarks.ct2_process import Ct2Process
 from benchmarks.peers import PeerRun, ours, rows, run, work_dir
 from raymt.workers.config import SearchConfig
-from raymt.workers.shortlist import LexicalTable, Shortlist
+from raymt.pipeline.alignment import frequency_table
+from raymt.pipeline.shortlists import load_shortlist, save_language_tables
+from raymt.workers.shortlist import LanguageShortlists, Shortlist
 from raymt.workers.speedups import EXACT
 from raymt.workers.translator import Translator
 
@@ -151,25 +153,26 @@ def generated(ids: list[int], eos: int = 2, pad: int = 1) -> str:
     return " ".join(str(i) for i in ids[1:] if i not in (eos, pad))
 
 
-def frequency_shortlist(translator: Translator, top_n: int) -> Shortlist:
-    """The target language's ``top_n`` most frequent pieces (Multi30k French) as every batch's candidates."""
+def frequency_shortlist(translator: Translator, top_n: int, work: Path) -> LanguageShortlists:
+    """The per-target-language shortlist path: the target language's pieces by frequency (Multi30k
+    French) saved as ``<work>/shortlists/<TARGET>.s2t``, read back as the job's ``--shortlist`` reads a
+    directory; its ``top_n`` most frequent pieces (+ the language code, the specials) are every batch's candidates."""
     tok = translator.checkpoint.tokenizer
-    counts = Counter(i for line in (DATA / "multi30k" / "train.fr").read_text(encoding="utf-8").splitlines()[:20000]
-                     for i in tok.encode(line, TARGET)[1:-1])
-    special = tok.target_special
-    return Shortlist(LexicalTable({}, [i for i, _ in counts.most_common()]), top_m=0, top_n=top_n,
-                     special_ids=(special.eos, special.unk, special.pad, tok.lang_id(TARGET)))
+    lines = (DATA / "multi30k" / "train.fr").read_text(encoding="utf-8").splitlines()[:20000]
+    directory = str(work / "shortlists")
+    save_language_tables(directory, {TARGET: frequency_table(tok, lines)}, tok)
+    return load_shortlist(directory, tok, top_m=0, top_n=top_n, special_ids=translator.special_target_ids())
 
 
 def systems(args: argparse.Namespace, model_dir: Path, work: Path, cfg: SearchConfig) -> list[PeerRun]:
     fp32 = Translator.load(str(model_dir), threads=args.threads, speedups=EXACT)
     int8 = Translator.load(str(model_dir), threads=args.threads, speedups=replace(EXACT, int8=True))
 
-    def ours_langs(translator: Translator, shortlist: Shortlist | None = None):
+    def ours_langs(translator: Translator, shortlist: Shortlist | LanguageShortlists | None = None):
         return lambda lines: [generated(list(t.tokens)) for t in translator.translate(
             lines, cfg, shortlist, source_lang=SOURCE, target_lang=TARGET)]
     out = [PeerRun("ours float32", ours_langs(fp32)),
-           PeerRun(f"ours float32 + shortlist (n={args.shortlist_n})", ours_langs(fp32, frequency_shortlist(fp32, args.shortlist_n))),
+           PeerRun(f"ours float32 + shortlist (n={args.shortlist_n})", ours_langs(fp32, frequency_shortlist(fp32, args.shortlist_n, work))),
            PeerRun("ours int8", ours_langs(int8))]
     if not args.no_ct2:
         out += [PeerRun(f"CTranslate2 {ct}", ct2_system(model_dir, ct, args.threads, cfg, fp32, work))

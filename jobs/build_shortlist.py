@@ -9,6 +9,14 @@
 
 ``--output`` ending in ``.vmap`` writes a CTranslate2 vocabulary map, anything else Marian's
 ``lex.s2t`` (plus ``<output>.freq``, target pieces by frequency).
+
+An M2M100 / NLLB model gets one table per target language, built from its own translations of
+``--source`` into each ``--target-lang`` (aligned, or counted with ``--frequency-only``), written
+into the directory ``--output`` as ``<code>.s2t`` (+ ``.freq``; ``--vmap``: ``<code>.vmap``); decode
+with ``--shortlist <that directory>``:
+
+    python -m raymt.jobs.build_shortlist --model models/nllb-200-distilled-600M --source mono.de \
+        --source-lang deu_Latn --target-lang fra_Latn eng_Latn --frequency-only --output shortlists/
 """
 from __future__ import annotations
 
@@ -20,16 +28,17 @@ import time
 from raymt.pipeline.alignment import SPACES, frequency_table, lexical_table
 from raymt.pipeline.corpus import read_corpus
 from raymt.pipeline.extras import MissingExtra, require, require_for_url
-from raymt.pipeline.shortlists import save_table
+from raymt.pipeline.shortlists import save_language_tables, save_table
 from raymt.pipeline.storage import model_reader
 from raymt.workers.config import SearchConfig
+from raymt.workers.lang_tokenizer import LanguageError, LanguageTokenizer
 from raymt.workers.translator import Translator
 
 
 SELF_BUILT_SAMPLE = 10_000  # lines translated for a self-built table unless --sample says otherwise
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
     p.add_argument("--source", help="source side (bitext, or monolingual with --self-built)")
@@ -47,6 +56,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--vmap-top-m", type=int, default=100)
     p.add_argument("--vmap-top-n", type=int, default=1000)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--source-lang", help="M2M100 / NLLB: the language of --source")
+    p.add_argument("--target-lang", nargs="+", help="M2M100 / NLLB: the target languages, one table each")
+    p.add_argument("--vmap", action="store_true", help="M2M100 / NLLB: write <code>.vmap instead of <code>.s2t")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser()
     args = p.parse_args(argv)
     try:  # an optional package the command needs is named before any work
         for url in filter(None, (args.model, args.source, args.target, args.output)):
@@ -59,6 +76,13 @@ def main(argv: list[str] | None = None) -> None:
     translator = Translator.load(model_reader(args.model))
     tok = translator.checkpoint.tokenizer
     start = time.perf_counter()
+    if isinstance(tok, LanguageTokenizer) or args.target_lang:
+        try:
+            written = language_tables(args, translator)
+        except LanguageError as e:
+            raise SystemExit(f"error: {e}") from None
+        print(f"wrote {len(written)} per-language tables into {args.output} in {time.perf_counter() - start:.1f}s")
+        return
     if args.frequency_only:
         if not args.target:
             p.error("--frequency-only needs --target")
@@ -81,6 +105,30 @@ def main(argv: list[str] | None = None) -> None:
     save_table(args.output, table, tok, top_m=args.vmap_top_m, top_n=args.vmap_top_n)
     print(f"wrote {args.output}: {len(table.translations)} source entries, {len(table.frequent)} frequent targets "
           f"in {time.perf_counter() - start:.1f}s")
+
+
+def language_tables(args: argparse.Namespace, translator: Translator) -> list[str]:
+    """One table per ``--target-lang``: the model's own translations of ``--source`` into that
+    language, aligned with the source (or counted, ``--frequency-only``); returns the files written."""
+    tok = translator.checkpoint.tokenizer
+    if not isinstance(tok, LanguageTokenizer):
+        raise LanguageError("--target-lang applies to M2M100 / NLLB models; this Marian model has one target language")
+    if not args.target_lang or not args.source or not args.source_lang:
+        raise LanguageError("an M2M100 / NLLB model's shortlists need --source, --source-lang and --target-lang "
+                            "(one table per target language, from the model's own translations of --source)")
+    for code in [args.source_lang, *args.target_lang]:
+        tok.lang_id(code)  # (an unknown code: one line, before any work)
+    source = read_corpus(args.source).texts
+    if args.sample and args.sample < len(source):
+        source = [source[i] for i in sorted(random.Random(args.seed).sample(range(len(source)), args.sample))]
+    tables = {}
+    for code in args.target_lang:
+        target = [t.text for t in translator.translate(source, SearchConfig(beam_size=args.beam_size),
+                                                       source_lang=args.source_lang, target_lang=code)]
+        tables[code] = frequency_table(tok, target) if args.frequency_only else \
+            lexical_table(tok, source, target, space=args.space, max_per_source=args.max_per_source)
+    return save_language_tables(args.output, tables, tok, top_m=args.vmap_top_m, top_n=args.vmap_top_n,
+                                suffix="vmap" if args.vmap else "s2t")
 
 
 if __name__ == "__main__":

@@ -113,7 +113,9 @@ def add_precision_flags(g) -> None:
 
 
 def add_shortlist_flags(g) -> None:
-    g.add_argument("--shortlist", help="lex.s2t (with its .freq) or CTranslate2 .vmap file; default: the lex.s2t of a "
+    g.add_argument("--shortlist", help="lex.s2t (with its .freq) or CTranslate2 .vmap file (M2M100 / NLLB: or a "
+                   "directory of per-target-language <code>.s2t tables, raymt build-shortlist --target-lang); "
+                   "default: the lex.s2t of a "
                    "Marian model directory, when it has one (none: decode without a shortlist)")
     g.add_argument("--shortlist-m", type=int, default=SHORTLIST.top_m, help="top translations kept per source token "
                    "(10: the fastest within 0.3 BLEU, docs/results/shortlist-multi30k.md)")

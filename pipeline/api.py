@@ -22,7 +22,7 @@ from raymt.workers.device import resolve_device
 from raymt.workers.engine import DecodeStats
 from raymt.workers.lang_tokenizer import per_row_languages, source_encoder
 from raymt.workers.rows import join_rows, prepare_rows
-from raymt.workers.shortlist import Shortlist
+from raymt.workers.shortlist import LanguageShortlists, Shortlist
 from raymt.workers.speedups import EXACT, CpuSpeedups
 from raymt.workers.translator import Translator as Core
 
@@ -57,7 +57,7 @@ class Translator:
 
     core: Core
     decode: DecodeConfig
-    shortlist: Shortlist | None = None
+    shortlist: Shortlist | LanguageShortlists | None = None
     stats: DecodeStats = field(default_factory=DecodeStats)  # every call's counters, added up
 
     @classmethod
@@ -67,7 +67,7 @@ class Translator:
         """``model``: a model directory, local or a URL (``s3://``, ``gs://``, any fsspec URL).
         ``device``: cpu | cuda | cuda:N | auto. ``compute_type``: float32 | int8 | bfloat16 | float16.
         ``threads``: torch intra-op threads (0: torch's default). ``shortlist``: a lex.s2t or .vmap
-        file (``raymt build-shortlist``), or a ``ShortlistSource`` to set its top_m / top_n too. ``search``: the default search of ``translate``.
+        file (``raymt build-shortlist``; M2M100 / NLLB: or a directory of ``<code>.s2t`` per target language), or a ``ShortlistSource`` to set its top_m / top_n too. ``search``: the default search of ``translate``.
         ``max_batch_tokens`` > 0: cap each decode step by source tokens instead of sentences."""
         on_gpu = resolve_device(device).type == "cuda"
         decode = DecodeConfig(search=search,

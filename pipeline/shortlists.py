@@ -1,5 +1,9 @@
 """Shortlist files on storage: Marian ``lex.s2t`` (+ ``<path>.freq``, target pieces by frequency)
-or a CTranslate2 vocabulary map (``.vmap``), read into a ``raymt.workers.shortlist.Shortlist``."""
+or a CTranslate2 vocabulary map (``.vmap``), read into a ``raymt.workers.shortlist.Shortlist``.
+
+A many-to-many model (M2M100 / NLLB) may have one table per target language: a directory holding
+``<code>.s2t`` (+ ``<code>.s2t.freq``) or ``<code>.vmap`` per language (``deu_Latn.s2t``), read
+into a ``raymt.workers.shortlist.LanguageShortlists``."""
 from __future__ import annotations
 
 import logging
@@ -9,6 +13,7 @@ import fsspec
 from raymt.pipeline.extras import MissingExtra
 from raymt.pipeline.storage import directory_reader, read_text, storage_options, write_text
 from raymt.workers.shortlist import (
+    LanguageShortlists,
     LexicalTable,
     Shortlist,
     read_lex_s2t,
@@ -38,8 +43,43 @@ def load_table(url: str, tok: MarianTokenizer) -> LexicalTable:
 
 
 def load_shortlist(url: str, tok: MarianTokenizer, *, top_m: int, top_n: int,
-                   special_ids: tuple[int, ...]) -> Shortlist:
-    return Shortlist(load_table(url, tok), top_m=top_m, top_n=top_n, special_ids=special_ids)
+                   special_ids: tuple[int, ...]) -> Shortlist | LanguageShortlists:
+    """A table file -> ``Shortlist``; a directory of per-language tables (M2M100 / NLLB) -> ``LanguageShortlists``."""
+    from raymt.workers.lang_tokenizer import LanguageTokenizer
+    fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
+    if not (isinstance(tok, LanguageTokenizer) and fs.isdir(path)):
+        return Shortlist(load_table(url, tok), top_m=top_m, top_n=top_n, special_ids=special_ids)
+    tables = language_table_urls(url, fs.ls(path, detail=False), tok)
+    if not tables:
+        raise FileNotFoundError(f"shortlist directory {url}: no <code>.s2t or <code>.vmap of a language this model knows "
+                                f"({tok.listed_codes()})")
+    logger.info("per-language shortlists for %d target languages: %s", len(tables), ", ".join(sorted(tables)))
+    return LanguageShortlists({tok.lang_id(code): Shortlist(load_table(table, tok), top_m=top_m, top_n=top_n,
+                                                            special_ids=special_ids)
+                               for code, table in tables.items()})
+
+
+def language_table_urls(url: str, names: list[str], tok) -> dict[str, str]:
+    """A directory's per-language tables: code -> URL (``<code>.s2t`` or ``<code>.vmap``, codes the model knows)."""
+    found = {}
+    for name in sorted(names):
+        base = name.rstrip("/").rsplit("/", 1)[-1]
+        code, dot, suffix = base.rpartition(".")
+        if dot and suffix in ("s2t", "vmap") and tok.knows(code):
+            found[code] = f"{url.rstrip('/')}/{base}"
+    return found
+
+
+def save_language_tables(url: str, tables: dict[str, LexicalTable], tok, *, top_m: int = 100,
+                         top_n: int = 1000, suffix: str = "s2t") -> list[str]:
+    """One table per target language into directory ``url``: ``<code>.s2t`` (+ ``.freq``) or ``<code>.vmap``."""
+    fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
+    fs.makedirs(path, exist_ok=True)
+    written = []
+    for code, table in tables.items():
+        written.append(f"{url.rstrip('/')}/{code}.{suffix}")
+        save_table(written[-1], table, tok, top_m=top_m, top_n=top_n)
+    return written
 
 
 def save_table(url: str, table: LexicalTable, tok: MarianTokenizer, *, top_m: int = 100, top_n: int = 1000) -> None:

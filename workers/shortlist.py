@@ -67,6 +67,43 @@ class Shortlist:
         return torch.tensor(sorted(ids), dtype=torch.long, device="cpu")  # the decoder moves it to the model
 
 
+@dataclass(frozen=True)
+class LanguageShortlists:
+    """A many-to-many model's shortlists, one per target language: ``by_language`` maps a language's
+    token id (the token each translation is forced to start with) to its ``Shortlist``.
+
+    A batch's candidates are the union, over the target languages of its rows, of each language's
+    candidates for the sources of that language's rows, plus those languages' own ids. A batch with
+    a row whose language has no table, or without languages, decodes on the whole vocabulary (None)."""
+
+    by_language: dict[int, Shortlist]
+
+    def candidates(self, sources: Sequence[Sequence[int]], langs: Sequence[int] | None) -> Tensor | None:
+        """Source id lists of one batch and each row's target-language id -> sorted unique target ids (C,)."""
+        if langs is None or any(lang not in self.by_language for lang in langs):
+            return None
+        rows: dict[int, list[Sequence[int]]] = {}
+        for src, lang in zip(sources, langs):
+            rows.setdefault(lang, []).append(src)
+        ids = set(rows)
+        for lang, lang_sources in rows.items():
+            ids.update(self.by_language[lang].candidates(lang_sources).tolist())
+        return torch.tensor(sorted(ids), dtype=torch.long, device="cpu")
+
+
+AnyShortlist = Shortlist | LanguageShortlists  # what the decoder takes
+
+
+def batch_candidates(shortlist: AnyShortlist | None, sources: Sequence[Sequence[int]],
+                     langs: Sequence[int] | None = None) -> Tensor | None:
+    """A batch's candidate ids under either kind of shortlist (None: the whole vocabulary)."""
+    if shortlist is None:
+        return None
+    if isinstance(shortlist, LanguageShortlists):
+        return shortlist.candidates(sources, langs)
+    return shortlist.candidates(sources)
+
+
 def coverage(candidates: Tensor, references: Iterable[Sequence[int]]) -> float:
     """Share of reference target tokens inside the candidate set (the paper's TC)."""
     allowed = set(candidates.tolist())

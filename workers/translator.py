@@ -20,7 +20,7 @@ from raymt.workers.model_formats import open_model
 from raymt.workers.runner import DecodeRunner
 from raymt.workers.scheduler import CapacityUnit, SchedulerConfig
 from raymt.workers.search import Hypothesis
-from raymt.workers.shortlist import Shortlist
+from raymt.workers.shortlist import AnyShortlist, batch_candidates
 from raymt.workers.speedups import EXACT, CpuSpeedups, apply_speedups
 from raymt.workers.batch import collate
 from raymt.workers.tuning import BatchTuner, TunerConfig, available_memory, bytes_per_sentence, fit_slots
@@ -126,7 +126,7 @@ class Translator:
                        max_length_b=cap, length_penalty=float(g.get("length_penalty", 1.0)),
                        early_stopping=g.get("early_stopping") is True)
 
-    def decode_ids(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None = None,
+    def decode_ids(self, sources: list[list[int]], cfg: SearchConfig, shortlist: AnyShortlist | None = None,
                    batching: SchedulerConfig | None = None, *, stats: DecodeStats | None = None,
                    static: StaticStep | None = None, forced_first: list[int] | None = None) -> Decoded:
         """Token ids -> hypotheses (input order) and the engine's counters of this call.
@@ -173,7 +173,7 @@ class Translator:
             start += len(idx)
         return Decoded(out, stats)
 
-    def translate_ids(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None = None,
+    def translate_ids(self, sources: list[list[int]], cfg: SearchConfig, shortlist: AnyShortlist | None = None,
                       batching: SchedulerConfig | None = None) -> list[list[Hypothesis]]:
         """``decode_ids``' hypotheses alone."""
         return self.decode_ids(sources, cfg, shortlist, batching).hypotheses
@@ -190,7 +190,7 @@ class Translator:
                 max_source=mc.max_position_embeddings))
         return self.tuner
 
-    def _decode_batch(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
+    def _decode_batch(self, sources: list[list[int]], cfg: SearchConfig, shortlist: AnyShortlist | None,
                       stats: DecodeStats, static: StaticStep | None = None,
                       forced: list[int] | None = None) -> list[list[Hypothesis]]:
         """One batch; out of memory, it is split in halves and retried (and the tuner's cap lowered)."""
@@ -221,10 +221,13 @@ class Translator:
             self._runner.close()
             self._runner = None
 
-    def _engine(self, cfg: SearchConfig, shortlist: Shortlist | None, sources: list[list[int]],
-                batching: SchedulerConfig, stats: DecodeStats, static: StaticStep | None = None) -> Engine:
+    def _engine(self, cfg: SearchConfig, shortlist: AnyShortlist | None, sources: list[list[int]],
+                batching: SchedulerConfig, stats: DecodeStats, static: StaticStep | None = None,
+                forced: list[int] | None = None) -> Engine:
+        """``shortlist``: a ``Shortlist``, or ``LanguageShortlists`` picked by the rows' ``forced`` languages."""
         model = self.checkpoint.model
-        candidates = shortlist.candidates(sources).to(model.device) if shortlist else None
+        candidates = batch_candidates(shortlist, sources, forced)
+        candidates = None if candidates is None else candidates.to(model.device)
         if model.device.type == "cuda":
             batching = self._fit_to_memory(batching, sources, cfg, candidates)
         return Engine(model, cfg, batching, forced_eos=self.forced_eos, candidates=candidates, stats=stats,
@@ -253,19 +256,20 @@ class Translator:
         return replace(batching, max_batch_sentences=slots,
                        capacity=min(batching.capacity, slots) if sentences else batching.capacity)
 
-    def _search(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
+    def _search(self, sources: list[list[int]], cfg: SearchConfig, shortlist: AnyShortlist | None,
                 stats: DecodeStats, static: StaticStep | None = None,
                 forced: list[int] | None = None) -> list[list[Hypothesis]]:
         """One length-sorted batch, decoded to its end: the FIXED policy over exactly these sentences."""
         return self._engine(cfg, shortlist, sources, batch_schedule(len(sources)), stats,
-                            static).decode(sources, forced)
+                            static, forced).decode(sources, forced)
 
-    def _stream(self, sources: list[list[int]], cfg: SearchConfig, shortlist: Shortlist | None,
+    def _stream(self, sources: list[list[int]], cfg: SearchConfig, shortlist: AnyShortlist | None,
                 batching: SchedulerConfig, stats: DecodeStats, static: StaticStep | None = None,
                 forced_first: list[int] | None = None) -> list[list[Hypothesis]]:
         order = sorted(range(len(sources)), key=lambda i: len(sources[i])) if self.sort_by_length else list(range(len(sources)))
         forced = None if forced_first is None else [forced_first[i] for i in order]
-        hyps = self._engine(cfg, shortlist, sources, batching, stats, static).decode([sources[i] for i in order], forced)
+        ordered = [sources[i] for i in order]
+        hyps = self._engine(cfg, shortlist, ordered, batching, stats, static, forced).decode(ordered, forced)
         out: list[list[Hypothesis]] = [[] for _ in sources]
         for i, h in zip(order, hyps):
             out[i] = h
@@ -292,7 +296,7 @@ class Translator:
         s = self.checkpoint.tokenizer.target_special
         return (s.eos, s.unk, s.pad)
 
-    def translate(self, texts: list[str], cfg: SearchConfig | None = None, shortlist: Shortlist | None = None,
+    def translate(self, texts: list[str], cfg: SearchConfig | None = None, shortlist: AnyShortlist | None = None,
                   batching: SchedulerConfig | None = None, *, stats: DecodeStats | None = None,
                   source_lang: str | list[str] | None = None,
                   target_lang: str | list[str] | None = None) -> list[Translation]:

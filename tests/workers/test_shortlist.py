@@ -19,6 +19,7 @@ from tests.workers.scripted import (
 from raymt.workers.config import SearchConfig
 from raymt.workers.engine import beam_search, greedy_search
 from raymt.workers.shortlist import (
+    LanguageShortlists,
     LexicalTable,
     Shortlist,
     coverage,
@@ -122,3 +123,54 @@ def test_model_projection_gathers_candidate_rows_and_bias() -> None:
     hidden = torch.randn(3, 8)
     candidates = torch.tensor([0, 4, 5, 19])
     assert torch.allclose(model.project(hidden, candidates), model.project(hidden)[:, candidates], atol=1e-6)
+
+
+def test_language_shortlists_pick_each_batch_s_tables_by_its_rows_languages() -> None:
+    fra, eng = 90, 91
+    lists = LanguageShortlists({fra: Shortlist(LexicalTable({5: [(10, 1.0)]}, [20, 21]), 1, 1, (2,)),
+                                eng: Shortlist(LexicalTable({5: [(11, 1.0)], 6: [(12, 1.0)]}, [30]), 1, 1, (2,))})
+    assert lists.candidates([[5], [6]], [fra, fra]).tolist() == [2, 10, 20, fra]
+    assert lists.candidates([[5], [6]], [fra, eng]).tolist() == [2, 10, 12, 20, 30, fra, eng]  # (row 1's 6: eng's)
+    assert lists.candidates([[5]], [92]) is None and lists.candidates([[5]], None) is None  # (no table: every id)
+
+
+def nllb_translations(nllb_dir, shortlist, langs):
+    from raymt.workers.translator import Translator
+    from tests.conftest import shared_path
+    tr = Translator.load(str(nllb_dir))
+    lines = shared_path("multi30k", "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:8]
+    targets = [langs[i % 2] for i in range(len(lines))]
+    return tr, targets, tr.translate(lines, SearchConfig(beam_size=3), shortlist(tr) if shortlist else None,
+                                     source_lang="deu_Latn", target_lang=targets)
+
+
+def per_language(tables):
+    def build(tr):
+        tok = tr.checkpoint.tokenizer
+        return LanguageShortlists({tok.lang_id(code): Shortlist(LexicalTable({}, ids), 0, len(ids), tr.special_target_ids())
+                                   for code, ids in tables(tok).items()})
+    return build
+
+
+def test_whole_vocabulary_per_language_shortlists_decode_as_without(nllb_dir, one_thread) -> None:
+    langs = ("fra_Latn", "eng_Latn")
+    everything = per_language(lambda tok: {code: list(range(tok.target_vocab_size)) for code in langs})
+    _, _, full = nllb_translations(nllb_dir, None, langs)
+    _, _, listed = nllb_translations(nllb_dir, everything, langs)
+    assert [(t.tokens, t.score) for t in listed] == [(t.tokens, t.score) for t in full]
+
+
+def test_per_language_shortlists_restrict_each_row_to_its_own_table(nllb_dir, one_thread) -> None:
+    """A batch of one target language decodes over its own table; a batch mixing languages over the
+    union of its languages' tables."""
+    pieces = lambda tok: sorted(tok.kept_pieces)  # noqa: E731
+    own = {"fra_Latn": lambda tok: pieces(tok)[0::2], "eng_Latn": lambda tok: pieces(tok)[1::2]}  # (disjoint halves)
+    small = per_language(lambda tok: {code: ids(tok) for code, ids in own.items()})
+    for langs in (("fra_Latn", "fra_Latn"), ("eng_Latn", "eng_Latn"), ("fra_Latn", "eng_Latn")):
+        tr, targets, out = nllb_translations(nllb_dir, small, langs)
+        tok = tr.checkpoint.tokenizer
+        allowed = set(tr.special_target_ids()) | {tok.lang_id(code) for code in langs}
+        allowed |= {i for code in set(langs) for i in own[code](tok)}
+        assert all(set(t.tokens) <= allowed for t in out), langs
+        assert any(set(t.tokens) - set(tr.special_target_ids()) - {tok.lang_id(c) for c in langs} for t in out), \
+            [t.tokens for t in out]  # (pieces, not only specials)
