@@ -46,8 +46,8 @@ def load_shortlist(url: str, tok: MarianTokenizer, *, top_m: int, top_n: int,
                    special_ids: tuple[int, ...]) -> Shortlist | LanguageShortlists:
     """A table file -> ``Shortlist``; a directory of per-language tables (M2M100 / NLLB) -> ``LanguageShortlists``."""
     from raymt.workers.lang_tokenizer import LanguageTokenizer
-    fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
-    if not (isinstance(tok, LanguageTokenizer) and fs.isdir(path)):
+    fs, path = fsspec.core.url_to_fs(url, **storage_options(url)) if isinstance(tok, LanguageTokenizer) else (None, "")
+    if fs is None or not fs.isdir(path):  # (a Marian model: always one table file)
         return Shortlist(load_table(url, tok), top_m=top_m, top_n=top_n, special_ids=special_ids)
     tables = language_table_urls(url, fs.ls(path, detail=False), tok)
     if not tables:
