@@ -85,3 +85,28 @@ def test_a_bad_code_in_a_language_column_is_one_invalid_row(nllb_dir, tmp_path):
     with pytest.raises(ValueError, match=r"target_lang: unknown codes in 1 of 5 rows: 1 \('xx_Latn'\)"):
         tr.translate(lines, SearchConfig(beam_size=2), source_lang="deu_Latn",
                      target_lang=[g or "fra_Latn" for g in langs])
+
+
+def test_per_row_target_languages_on_ray(nllb_dir, tmp_path):
+    """The same per-row languages through Ray: an encoder actor binds each row's source language, decoder
+    actors force each row's target; two units, so rows of both units and several languages are decoded."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import ray
+
+    from tests.pipeline.ray_helpers import start_ray
+
+    lines = shared_path("multi30k", "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:8]
+    langs = ["fra_Latn", "eng_Latn", None, "ita_Latn", "eng_Latn", None, "ita_Latn", "fra_Latn"]
+    pq.write_table(pa.table({"text": lines, "lang": langs}), tmp_path / "in.parquet")
+    want = [t.text for t in Translator.load(str(nllb_dir)).translate(
+        lines, SearchConfig(beam_size=2), source_lang="deu_Latn", target_lang=[g or "fra_Latn" for g in langs])]
+    start_ray(num_cpus=2)
+    try:
+        main(["--local-rows", "0", "--unit-rows", "4", "--decoders", "1", "--encoders", "1", "--threads", "1",
+              "--model", str(nllb_dir), "--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out.parquet"),
+              "--beam-size", "2", "--source-lang", "deu_Latn", "--target-lang", "fra_Latn", "--target-lang-column", "lang"])
+    finally:
+        ray.shutdown()
+    out = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert [r["translation"] for r in out] == want and [r["lang"] for r in out] == langs
