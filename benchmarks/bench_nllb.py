@@ -37,8 +37,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.ct2_process import Ct2Process
-from benchmarks.peers import PeerRun, ours, rows, run, work_dir
+from benchmarks.peers import Ct2Translator, PeerRun, ours, rows, run, work_dir
 from raymt.workers.config import SearchConfig
 from raymt.pipeline.alignment import frequency_table
 from raymt.pipeline.shortlists import load_shortlist, save_language_tables
@@ -84,25 +83,12 @@ def build_model(directory: Path, *, d_model: int, layers: int, heads: int, ffn: 
     return directory
 
 
-class Ct2Nllb:
+class Ct2Nllb(Ct2Translator):
     """CTranslate2 as a system on an NLLB model: ``[src_lang] pieces </s>`` in, the target language as
     every example's target prefix (CTranslate2's way of forcing it), the pieces decoded by our tokenizer."""
 
     def __init__(self, path: str, compute_type: str, threads: int, cfg: SearchConfig, translator: Translator) -> None:
-        self.path, self.compute_type, self.threads, self.cfg = path, compute_type, threads, cfg
-        self.tok = translator.checkpoint.tokenizer
-        self._ct2: Ct2Process | None = None
-
-    def load(self, warmup: list[str] = ()) -> None:
-        if self._ct2 is None:
-            self._ct2 = Ct2Process(self.path, self.compute_type, self.threads)
-            if warmup:
-                self(list(warmup))
-
-    def unload(self) -> None:
-        if self._ct2 is not None:
-            self._ct2.close()
-        self._ct2 = None
+        super().__init__(path, compute_type, threads, cfg, translator, max_batch_size=32)
 
     def __call__(self, lines: list[str]) -> list[str]:
         self.load()

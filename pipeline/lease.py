@@ -114,9 +114,17 @@ class Fence:
         self._check(fs, root.rstrip("/"))
 
     def _check(self, fs, root: str) -> None:
-        current, _ = read_lease(fs, f"{root}/{LEASE}", etag=False)
-        if problem := self.problem(current, time.time()):
+        if problem := self.problem_of(lambda: read_lease(fs, f"{root}/{LEASE}", etag=False)[0]):
             raise LeaseLost(problem)
+
+    def problem_of(self, read) -> str | None:
+        """``problem`` of the lease as ``read()`` returns it. A lease still this job's but out of time is
+        read again: the first read may predate a pause of this process, and a taker may have come since."""
+        current = read()
+        problem = self.problem(current, time.time())
+        if problem and current and current.get("token") == self.token:
+            problem = self.problem(read(), time.time()) or problem
+        return problem
 
     def problem(self, current: dict | None, now: float) -> str | None:
         """Why ``current`` (the lease as read at ``now``) does not let this job write; None if it does."""
@@ -223,7 +231,7 @@ class Lease:
                 with _disk_lock(self.fs, self.root):
                     current, etag = read_lease(self.fs, self.path)
                     if (problem := self.fence.problem(current, time.time())) is not None:
-                        self.lost = problem
+                        self.lost = self.fence.problem_of(lambda: read_lease(self.fs, self.path, etag=False)[0]) or problem
                         return
                     self._write(etag=self.etag if not on_disk(self.fs) else None)
             except OSError as e:
