@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.peers import Ct2Translator, PeerRun, ours, rows, run, work_dir
+from benchmarks.peers import Ct2Translator, PeerRun, in_length_order, ours, rows, run, work_dir
 from raymt.workers.config import SearchConfig
 from raymt.pipeline.alignment import frequency_table
 from raymt.pipeline.shortlists import load_shortlist, save_language_tables
@@ -117,19 +117,16 @@ def hf_system(model_dir: Path, cfg: SearchConfig, translator: Translator, batch_
     model = transformers.M2M100ForConditionalGeneration.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     forced = translator.checkpoint.tokenizer.lang_id(TARGET)
 
+    def translate_batch(batch_lines: list[str]) -> list[str]:
+        batch = tok(batch_lines, return_tensors="pt", padding=True)
+        with torch.inference_mode():
+            seqs = model.generate(**batch, num_beams=cfg.beam_size, length_penalty=cfg.length_penalty,
+                                  max_new_tokens=cfg.max_decoding_length, do_sample=False,
+                                  forced_bos_token_id=forced, bad_words_ids=[[model.config.pad_token_id]])
+        return [generated(ids[1:]) for ids in seqs.tolist()]  # (ids[0]: the start token)
+
     def translate(lines: list[str]) -> list[str]:
-        order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
-        out = [""] * len(lines)
-        for start in range(0, len(order), batch_size):
-            idx = order[start: start + batch_size]
-            batch = tok([lines[i] for i in idx], return_tensors="pt", padding=True)
-            with torch.inference_mode():
-                seqs = model.generate(**batch, num_beams=cfg.beam_size, length_penalty=cfg.length_penalty,
-                                      max_new_tokens=cfg.max_decoding_length, do_sample=False,
-                                      forced_bos_token_id=forced, bad_words_ids=[[model.config.pad_token_id]])
-            for i, ids in zip(idx, seqs.tolist()):
-                out[i] = generated(ids[1:])  # (ids[0]: the start token)
-        return out
+        return in_length_order(lines, batch_size, translate_batch)
     return translate
 
 

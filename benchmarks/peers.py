@@ -176,6 +176,17 @@ class OursDecoders:
         return out
 
 
+def in_length_order(lines: list[str], batch_size: int, translate_batch: Translate) -> list[str]:
+    """``translate_batch`` over batches of ``batch_size`` lines sorted by length; results in input order."""
+    order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
+    out = [""] * len(lines)
+    for start in range(0, len(order), batch_size):
+        idx = order[start: start + batch_size]
+        for i, text in zip(idx, translate_batch([lines[i] for i in idx])):
+            out[i] = text
+    return out
+
+
 def hf_system(model_dir: str, cfg: SearchConfig, batch_size: int = 32) -> Translate:
     """HF ``MarianMTModel.generate``, inputs sorted by length, batches of ``batch_size``."""
     import transformers
@@ -183,19 +194,16 @@ def hf_system(model_dir: str, cfg: SearchConfig, batch_size: int = 32) -> Transl
     tok = transformers.MarianTokenizer.from_pretrained(model_dir)
     model = transformers.MarianMTModel.from_pretrained(model_dir, dtype=torch.float32).eval()
 
+    def translate_batch(batch_lines: list[str]) -> list[str]:
+        batch = tok(batch_lines, return_tensors="pt", padding=True)
+        with torch.inference_mode():
+            seqs = model.generate(**batch, num_beams=cfg.beam_size, length_penalty=cfg.length_penalty,
+                                  max_new_tokens=cfg.max_decoding_length, do_sample=False,
+                                  bad_words_ids=[[model.config.pad_token_id]])
+        return tok.batch_decode(seqs, skip_special_tokens=True)
+
     def translate(lines: list[str]) -> list[str]:
-        order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
-        out = [""] * len(lines)
-        for start in range(0, len(order), batch_size):
-            idx = order[start: start + batch_size]
-            batch = tok([lines[i] for i in idx], return_tensors="pt", padding=True)
-            with torch.inference_mode():
-                seqs = model.generate(**batch, num_beams=cfg.beam_size, length_penalty=cfg.length_penalty,
-                                      max_new_tokens=cfg.max_decoding_length, do_sample=False,
-                                      bad_words_ids=[[model.config.pad_token_id]])
-            for i, text in zip(idx, tok.batch_decode(seqs, skip_special_tokens=True)):
-                out[i] = text
-        return out
+        return in_length_order(lines, batch_size, translate_batch)
     return translate
 
 
