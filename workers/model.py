@@ -120,6 +120,15 @@ class Attention(nn.Module):
         return self.merge(out)
 
 
+def feed_forward(layer: nn.Module, x: Tensor) -> Tensor:
+    """A layer's FFN sublayer with its residual and norm: post-norm ``norm(x + ffn(x))``, or pre-norm
+    ``x + ffn(norm(x))``. x (N|B, [T,] E)."""
+    h = layer.final_layer_norm(x) if layer.normalize_before else x
+    h = F.dropout(layer.act(layer.fc1(h)), layer.activation_dropout, layer.training)
+    h = F.dropout(layer.fc2(h), layer.dropout, layer.training)
+    return x + h if layer.normalize_before else layer.final_layer_norm(x + h)
+
+
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -134,21 +143,12 @@ class EncoderLayer(nn.Module):
         self.normalize_before = cfg.normalize_before
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        """x (B, S, E), mask (B, 1, 1, S)."""
-        if self.normalize_before:
-            return self.pre_norm_forward(x, mask)
-        h = F.dropout(self.self_attn(x, x, mask), self.dropout, self.training)
-        x = self.self_attn_layer_norm(x + h)
-        h = F.dropout(self.act(self.fc1(x)), self.activation_dropout, self.training)
-        h = F.dropout(self.fc2(h), self.dropout, self.training)
-        return self.final_layer_norm(x + h)
-
-    def pre_norm_forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        """M2M100's pre-norm layer: x + attn(norm(x)), then x + ffn(norm(x)). x (B, S, E)."""
+        """x (B, S, E), mask (B, 1, 1, S). Post-norm (Marian) or pre-norm (M2M100: x + attn(norm(x)))."""
+        if not self.normalize_before:
+            h = F.dropout(self.self_attn(x, x, mask), self.dropout, self.training)
+            return feed_forward(self, self.self_attn_layer_norm(x + h))
         h = self.self_attn_layer_norm(x)
-        x = x + F.dropout(self.self_attn(h, h, mask), self.dropout, self.training)
-        h = F.dropout(self.act(self.fc1(self.final_layer_norm(x))), self.activation_dropout, self.training)
-        x = x + F.dropout(self.fc2(h), self.dropout, self.training)
+        x = feed_forward(self, x + F.dropout(self.self_attn(h, h, mask), self.dropout, self.training))
         if x.dtype == torch.float16:  # as HF: the residual stream kept finite in float16
             bound = torch.finfo(x.dtype).max - 1000
             x = x.clamp(-bound, bound)
@@ -171,12 +171,7 @@ class DecoderLayer(nn.Module):
         self.normalize_before = cfg.normalize_before
 
     def feed_forward(self, x: Tensor) -> Tensor:
-        """The FFN sublayer with its residual and norm: post-norm ``norm(x + ffn(x))``, or pre-norm
-        ``x + ffn(norm(x))``. x (N|B, [T,] E)."""
-        h = self.final_layer_norm(x) if self.normalize_before else x
-        h = F.dropout(self.act(self.fc1(h)), self.activation_dropout, self.training)
-        h = F.dropout(self.fc2(h), self.dropout, self.training)
-        return x + h if self.normalize_before else self.final_layer_norm(x + h)
+        return feed_forward(self, x)
 
     def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced. x (B, T, E), memory (B, S, E), src_mask (B, 1, 1, S)."""
