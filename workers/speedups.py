@@ -181,18 +181,20 @@ class PackedLinear:
         ``small_linear`` (``workers/csrc/small_linear.cpp``), the weight packed once more for it:
         oneDNN's call costs ~10-20 us before any arithmetic. 2 AMD EPYC threads, 20 rows, oneDNN ->
         this: 256 x 768 32 -> 21 us, 256 x 256 19 -> 8, 256 x 1024 48 -> 30, 512 x 2048 129 -> 109;
-        1 row of 256 x 768: 18 -> 7. float32 weights whose outputs fill whole vector registers only."""
-        width = kernels.vector_width()
-        if self.weight.dtype != torch.float32 or self.out_features % width:
+        1 row of 256 x 768: 18 -> 7. float32 weights; outputs that do not fill whole vector
+        registers (an 8001-word output layer) are zero-padded to the next one in the packed copy."""
+        if self.weight.dtype != torch.float32:
             return
+        width = kernels.vector_width()
+        blocks = -(-self.out_features // width)
+        weight = F.pad(self.weight, (0, 0, 0, blocks * width - self.out_features))  # (N', K), N' = blocks * W
         self.small_kernel = kernels.small_linear
-        blocks = self.weight.view(self.out_features // width, width, self.in_features)  # (N / W, W, K)
-        self.small_packed = blocks.transpose(1, 2).contiguous()  # (N / W, K, W): the kernel's layout
+        self.small_packed = weight.view(blocks, width, self.in_features).transpose(1, 2).contiguous()  # (N' / W, K, W)
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.small_kernel is not None and x.dim() == 2 and x.shape[0] <= self.SMALL_KERNEL_ROWS and \
                 x.dtype == torch.float32:
-            return self.small_kernel(x.contiguous(), self.small_packed, self.bias, _ACT[self.post_op])
+            return self.small_kernel(x.contiguous(), self.small_packed, self.bias, _ACT[self.post_op], self.out_features)
         if x.numel() < self.small_rows * self.in_features:
             y = F.linear(x, self.weight, self.bias)
             return y if self.post_op == "none" else _POST_FN[self.post_op](y)
@@ -357,9 +359,9 @@ def apply_speedups(model: MarianModel, opts: CpuSpeedups) -> MarianModel:
         if onednn_available():
             pack_onednn(model)
             if isinstance(model.model.decoder.ops, NativeOps):  # few-row products on the native kernel
-                for stack in (model.model.encoder, model.model.decoder):
-                    for layer in _packed_layers(stack):
-                        layer.use_small_kernel(model.model.decoder.ops.kernels)
+                heads = [model.vocab_head] if isinstance(model.vocab_head, PackedLinear) else []
+                for layer in (*_packed_layers(model.model.encoder), *_packed_layers(model.model.decoder), *heads):
+                    layer.use_small_kernel(model.model.decoder.ops.kernels)
         else:
             logger.warning("this torch build has no oneDNN linear kernels: onednn speed-up skipped")
     return model

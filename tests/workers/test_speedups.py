@@ -59,24 +59,30 @@ def test_packed_linear_runs_small_products_unpacked_and_large_ones_on_onednn(pos
 
 
 @pytest.mark.parametrize("rows, k, n", [(1, 256, 768), (6, 256, 256), (7, 1024, 256), (20, 512, 2048), (64, 48, 80),
-                                        (70, 256, 1024)])
+                                        (70, 256, 1024), (13, 64, 8001), (5, 32, 3), (9, 40, 100)])
 @pytest.mark.parametrize("act", ["none", "swish", "relu"])
 def test_small_linear_is_the_product(native_kernels, rows: int, k: int, n: int, act: str) -> None:
     """csrc/small_linear.cpp against float64 ``act(x W^T + b)``: every row-tile height (1-6 and a
-    remainder), every panel width (1-4 register blocks), with and without a bias."""
+    remainder), every panel width (1-4 register blocks), outputs that end inside a vector register
+    (the packed weight zero-padded), with and without a bias."""
     gen = torch.Generator().manual_seed(rows)
     w, b, x = (torch.randn(*shape, generator=gen) for shape in ((n, k), (n,), (rows, k)))
     width = native_kernels.vector_width()
-    packed = w.view(n // width, width, k).transpose(1, 2).contiguous()
+    blocks = -(-n // width)
+    padded = torch.nn.functional.pad(w, (0, 0, 0, blocks * width - n))
+    packed = padded.view(blocks, width, k).transpose(1, 2).contiguous()
     fn = {"none": lambda y: y, "swish": torch.nn.functional.silu, "relu": torch.relu}[act]
     for bias in (b, None):
         want = fn(x.double() @ w.double().T + (0 if bias is None else bias.double()))
-        got = native_kernels.small_linear(x, packed, bias, {"none": 0, "swish": 1, "relu": 2}[act])
+        got = native_kernels.small_linear(x, packed, bias, {"none": 0, "swish": 1, "relu": 2}[act], n)
+        assert got.shape == (rows, n)
         torch.testing.assert_close(got.double(), want, atol=1e-5 * math.sqrt(k), rtol=1e-5)
     with pytest.raises(RuntimeError, match="packed must be"):
-        native_kernels.small_linear(x, packed.transpose(1, 2), b, 0)
+        native_kernels.small_linear(x, packed.transpose(1, 2), b, 0, n)
     with pytest.raises(RuntimeError, match="act must be"):
-        native_kernels.small_linear(x, packed, b, 3)
+        native_kernels.small_linear(x, packed, b, 3, n)
+    with pytest.raises(RuntimeError, match="do not fill the last"):
+        native_kernels.small_linear(x, packed, None, 0, blocks * width + 1)
 
 
 @needs_onednn
@@ -88,14 +94,16 @@ def test_packed_linear_takes_the_small_kernel_for_few_rows(native_kernels) -> No
     layer.use_small_kernel(native_kernels)
     rows = PackedLinear.SMALL_KERNEL_ROWS
     few, many = torch.randn(rows, 256, generator=gen), torch.randn(rows + 1, 256, generator=gen)
-    assert torch.equal(layer(few), native_kernels.small_linear(few, layer.small_packed, layer.bias, 1))
+    assert torch.equal(layer(few), native_kernels.small_linear(few, layer.small_packed, layer.bias, 1, 1024))
     assert torch.equal(layer(many), torch.ops.mkldnn._linear_pointwise(many, layer.packed, layer.bias, "swish", [], ""))
     for x in (few, many):
         want = torch.nn.functional.silu(x @ layer.weight.T + layer.bias)
         torch.testing.assert_close(layer(x), want, atol=1e-5, rtol=1e-5)
-    odd = PackedLinear(torch.randn(8001, 256), None)  # (outputs not whole vector registers: oneDNN / MKL only)
+    odd = PackedLinear(torch.randn(8001, 256, generator=gen), None)  # outputs that end inside a vector register
     odd.use_small_kernel(native_kernels)
-    assert odd.small_kernel is None
+    x = torch.randn(rows, 256, generator=gen)
+    assert odd(x).shape == (rows, 8001)
+    torch.testing.assert_close(odd(x), x @ odd.weight.T, atol=1e-4, rtol=1e-5)
 
 
 @needs_onednn

@@ -3,8 +3,9 @@
 // oneDNN's prepacked linear costs ~10-20 us per call before any arithmetic (primitive lookup,
 // memory wrappers; measured on 2 AMD EPYC threads: 23 us for 1 row of 256 x 256, single-threaded
 // too), which a greedy step at ~20 rows pays 15 times. This kernel takes the weight packed once
-// into column blocks of one vector register, (N / W, K, W) with W = Vec::size(), and computes
-// tiles of up to kMaxRows rows x kBlocks blocks in registers: per k, kBlocks weight loads and one
+// into column blocks of one vector register, (ceil(N / W), K, W) with W = Vec::size() (the last
+// block zero-padded where W does not divide N, e.g. an 8001-word output layer), and computes tiles
+// of up to kMaxRows rows x kBlocks blocks in registers: per k, kBlocks weight loads and one
 // broadcast per row feed rows x kBlocks fused multiply-adds. Sums run over k in order with FMA, so
 // results equal x W^T + b to float32 rounding (another order than oneDNN's or MKL's).
 // Dimension letters: M rows, K inputs, N outputs, W floats per vector register.
@@ -15,21 +16,26 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <utility>
 
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kW = Vec::size();
 // register tiles: 6 x 4 = 24 accumulators + 4 weight vectors + 1 broadcast within AVX512's 32
-// registers; 4 x 2 = 8 + 2 + 1 within AVX2's 16
-constexpr int kMaxRows = kW >= 16 ? 6 : 4, kBlocks = kW >= 16 ? 4 : 2;
+// registers; 4 x 3 = 12 + 3 + 1 fill AVX2's 16 (two FMA units of 4-cycle latency need at least 8
+// independent sums; measured on 2 AMD EPYC threads under AVX2, (160 x 512) x (512 x 512): 4 x 2
+// 214 GFLOP/s, 6 x 2 229, 4 x 3 233-239, 3 x 4 236-242; under AVX-512 6 x 4 stays the best of
+// 6 x 4, 8 x 3, 4 x 6, 12 x 2)
+constexpr int kMaxRows = kW >= 16 ? 6 : 4, kBlocks = kW >= 16 ? 4 : 3;
 constexpr int64_t kSerialWork = 1 << 18;  // multiply-adds below which one thread does it all
 
 enum Act { kNone = 0, kSwish = 1, kRelu = 2 };  // the activation applied to the output tile
 
-// R rows of x (stride K) times B consecutive weight blocks (block b at w + b * K * kW) -> y (stride N).
+// R rows of x (stride K) times B consecutive weight blocks (block b at w + b * K * kW) -> y (stride
+// N); the last block writes its first ``last`` columns only (kW where it is whole).
 template <int R, int B>
-void tile(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N, int act) {
+void tile(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N, int act, int last) {
   Vec acc[R][B];
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) acc[r][b] = Vec(0.f);
@@ -43,46 +49,49 @@ void tile(const float* x, int64_t K, const float* w, const float* bias, float* y
   }
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) {
+      const int width = b == B - 1 ? last : static_cast<int>(kW);
       Vec out = acc[r][b];
-      if (bias) out = out + Vec::loadu(bias + b * kW);
+      if (bias) out = out + Vec::loadu(bias + b * kW, width);
       if (act == kSwish) out = out / (Vec(1.f) + out.neg().exp());  // x * sigmoid(x)
       if (act == kRelu) out = at::vec::maximum(out, Vec(0.f));
-      out.store(y + r * N + b * kW);
+      out.store(y + r * N + b * kW, width);
     }
 }
 
-using TileFn = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t, int);
+using TileFn = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t, int, int);
 
-template <int R>
-constexpr TileFn tile_for(int blocks) {
-  return blocks == 1 ? &tile<R, 1> : blocks == 2 ? &tile<R, 2> : blocks == 3 ? &tile<R, 3> : &tile<R, 4>;
+// The tile of ``rows`` x ``blocks`` (1..kMaxRows x 1..kBlocks), from tables the compiler builds.
+template <int R, int... B>
+TileFn tile_of_width(int blocks, std::integer_sequence<int, B...>) {
+  static constexpr TileFn fns[] = {&tile<R, B + 1>...};
+  return fns[blocks - 1];
 }
 
-TileFn tile_fn(int rows, int blocks) {
-  switch (rows) {
-    case 1: return tile_for<1>(blocks);
-    case 2: return tile_for<2>(blocks);
-    case 3: return tile_for<3>(blocks);
-    case 4: return tile_for<4>(blocks);
-    case 5: return tile_for<5>(blocks);
-    default: return tile_for<6>(blocks);
-  }
+template <int... R>
+TileFn tile_of(int rows, int blocks, std::integer_sequence<int, R...>) {
+  static constexpr TileFn (*by_rows[])(int, std::make_integer_sequence<int, kBlocks>) = {&tile_of_width<R + 1>...};
+  return by_rows[rows - 1](blocks, std::make_integer_sequence<int, kBlocks>{});
 }
+
+TileFn tile_fn(int rows, int blocks) { return tile_of(rows, blocks, std::make_integer_sequence<int, kMaxRows>{}); }
 
 }  // namespace
 
-// x (M, K) float32 contiguous; packed (N / W, K, W) float32 contiguous (the weight (N, K) as
-// ``weight.view(N / W, W, K).transpose(1, 2).contiguous()``); bias (N,) or None; act 0 none, 1 swish,
-// 2 relu (applied after the bias) -> y (M, N).
+// x (M, K) float32 contiguous; packed (ceil(N / W), K, W) float32 contiguous (the weight (N, K),
+// zero-padded to whole blocks, as ``weight.view(N / W, W, K).transpose(1, 2).contiguous()``); bias (N,)
+// or None; act 0 none, 1 swish, 2 relu (applied after the bias); n the outputs N (-1: all the
+// blocks' columns) -> y (M, N).
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
-                        int64_t act) {
+                        int64_t act, int64_t n_out) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "small_linear: x must be a contiguous float32 (M, K) tensor");
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kFloat && packed.is_contiguous() &&
               packed.size(1) == x.size(1) && packed.size(2) == kW,
-              "small_linear: packed must be a contiguous float32 (N / W, K, W) tensor, W = ", kW);
+              "small_linear: packed must be a contiguous float32 (ceil(N / W), K, W) tensor, W = ", kW);
   TORCH_CHECK(act >= kNone && act <= kRelu, "small_linear: act must be 0 (none), 1 (swish) or 2 (relu)");
-  const int64_t m = x.size(0), k = x.size(1), blocks = packed.size(0), n = blocks * kW;
+  const int64_t m = x.size(0), k = x.size(1), blocks = packed.size(0), n = n_out < 0 ? blocks * kW : n_out;
+  TORCH_CHECK(n > (blocks - 1) * kW && n <= blocks * kW, "small_linear: ", n, " outputs do not fill the last of ",
+              blocks, " blocks of ", kW);
   const float* bias_p = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
@@ -98,10 +107,11 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& packed, const c10
     for (int64_t p = begin; p < end; ++p) {
       const int64_t b0 = p * kBlocks;
       const int nb = static_cast<int>(std::min<int64_t>(kBlocks, blocks - b0));
+      const int last = static_cast<int>(std::min<int64_t>(kW, n - (b0 + nb - 1) * kW));  // the tile's last block
       for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m - r0));
         tile_fn(rows, nb)(x_p + r0 * k, k, w_p + b0 * k * kW, bias_p ? bias_p + b0 * kW : nullptr,
-                          y_p + r0 * n + b0 * kW, n, static_cast<int>(act));
+                          y_p + r0 * n + b0 * kW, n, static_cast<int>(act), last);
       }
     }
   });
@@ -109,7 +119,7 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& packed, const c10
 }
 
 TORCH_LIBRARY_FRAGMENT(raymt, m) {
-  m.def("small_linear(Tensor x, Tensor packed, Tensor? bias, int act) -> Tensor");
+  m.def("small_linear(Tensor x, Tensor packed, Tensor? bias, int act, int n=-1) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(raymt, CPU, m) { m.impl("small_linear", &small_linear); }
