@@ -93,11 +93,75 @@ std::tuple<at::Tensor, at::Tensor> row_top_log_softmax(const at::Tensor& logits,
 
 namespace {
 
+// Lane j of the result = the sum of v[j]'s lanes, for Vec::size() vectors v (clobbered): log2(W)
+// rounds of pairwise deinterleave + add instead of one horizontal reduction per vector.
+inline Vec reduce_lanes(Vec* v) {
+  for (int64_t c = Vec::size(); c > 1; c /= 2)
+    for (int64_t i = 0; i < c / 2; ++i) {
+      const auto halves = at::vec::deinterleave2(v[2 * i], v[2 * i + 1]);
+      v[i] = halves.first + halves.second;
+    }
+  return v[0];
+}
+
+// scores[t] = scale * q . key(t) + bias[t] for t < len, Vec::size() positions at a time; D = DV vectors.
+template <int DV, typename Key>
+inline void dot_scores(const float* q, const Key& key, const float* bias, int64_t len, float scale, float* scores) {
+  constexpr int64_t W = Vec::size();
+  Vec qv[DV];
+  for (int c = 0; c < DV; ++c) qv[c] = Vec::loadu(q + c * W);
+  for (int64_t t0 = 0; t0 < len; t0 += W) {
+    const int64_t cnt = std::min(W, len - t0);
+    Vec acc[W];
+    for (int64_t j = 0; j < W; ++j) {
+      acc[j] = Vec(0.f);
+      if (j < cnt) {
+        const float* k = key(t0 + j);
+        for (int c = 0; c < DV; ++c) acc[j] = at::vec::fmadd(qv[c], Vec::loadu(k + c * W), acc[j]);
+      }
+    }
+    Vec sc = reduce_lanes(acc) * Vec(scale);
+    if (bias) sc = sc + Vec::loadu(bias + t0, cnt);
+    sc.store(scores + t0, cnt);
+  }
+}
+
+// scores[0..len) -> exp(scores - max) in place; returns 1 / their sum.
+inline float softmax_in_place(float* scores, int64_t len) {
+  constexpr int64_t W = Vec::size();
+  float max = kNegInf;
+  for (int64_t t = 0; t < len; ++t) max = std::max(max, scores[t]);
+  Vec sum(0.f);
+  for (int64_t t0 = 0; t0 < len; t0 += W) {
+    const int64_t cnt = std::min(W, len - t0);
+    (Vec::loadu(scores + t0, cnt) - Vec(max)).exp().store(scores + t0, cnt);
+    sum = sum + Vec::loadu(scores + t0, cnt);  // (lanes past cnt load as 0)
+  }
+  return 1.f / at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum);
+}
+
 // out (D) = softmax(scale * q . K_t + bias_t) . V_t over t < len; position t's key and value are
 // the D floats at keys[t] and vals[t] (any layout: strided cache, ancestry gather, source K/V).
-inline void attend(const float* q, const float* const* keys, const float* const* vals, const float* bias, int64_t len,
-                   int64_t d, float scale, float* scores, float* out) {
-  float max = kNegInf;
+// D = DV vectors, scored W positions at a time. The sums run in the order ``attend_rows`` runs them
+// for a sentence's rows, so both paths give equal results bit for bit.
+template <int DV>
+void attend(const float* q, const float* const* keys, const float* const* vals, const float* bias, int64_t len,
+            float scale, float* scores, float* out) {
+  constexpr int64_t W = Vec::size();
+  dot_scores<DV>(q, [keys](int64_t t) { return keys[t]; }, bias, len, scale, scores);
+  const float inv = softmax_in_place(scores, len);
+  Vec acc[DV];
+  for (int c = 0; c < DV; ++c) acc[c] = Vec(0.f);
+  for (int64_t t = 0; t < len; ++t) {
+    const Vec p(scores[t]);
+    for (int c = 0; c < DV; ++c) acc[c] = at::vec::fmadd(p, Vec::loadu(vals[t] + c * W), acc[c]);
+  }
+  for (int c = 0; c < DV; ++c) (acc[c] * Vec(inv)).store(out + c * W);
+}
+
+// Any D: one horizontal reduction per position.
+void attend_any(const float* q, const float* const* keys, const float* const* vals, const float* bias, int64_t len,
+                int64_t d, float scale, float* scores, float* out) {
   for (int64_t t = 0; t < len; ++t) {
     Vec acc(0.f);
     int64_t i = 0;
@@ -105,70 +169,48 @@ inline void attend(const float* q, const float* const* keys, const float* const*
     float s = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc);
     for (; i < d; ++i) s += q[i] * keys[t][i];
     scores[t] = s * scale + (bias ? bias[t] : 0.f);
-    max = std::max(max, scores[t]);
   }
-  float sum = 0.f;
-  for (int64_t t = 0; t < len; ++t) {
-    scores[t] = std::exp(scores[t] - max);
-    sum += scores[t];
-  }
-  const float inv = 1.f / sum;
-  int64_t i = 0;
-  constexpr int64_t V = Vec::size();
-  for (; i + 4 * V <= d; i += 4 * V) {  // four independent accumulator chains (one chain waits on each fmadd)
-    Vec a0(0.f), a1(0.f), a2(0.f), a3(0.f);
-    for (int64_t t = 0; t < len; ++t) {
-      const Vec p(scores[t]);
-      const float* v = vals[t] + i;
-      a0 = at::vec::fmadd(p, Vec::loadu(v), a0);
-      a1 = at::vec::fmadd(p, Vec::loadu(v + V), a1);
-      a2 = at::vec::fmadd(p, Vec::loadu(v + 2 * V), a2);
-      a3 = at::vec::fmadd(p, Vec::loadu(v + 3 * V), a3);
-    }
-    (a0 * Vec(inv)).store(out + i);
-    (a1 * Vec(inv)).store(out + i + V);
-    (a2 * Vec(inv)).store(out + i + 2 * V);
-    (a3 * Vec(inv)).store(out + i + 3 * V);
-  }
-  for (; i + Vec::size() <= d; i += Vec::size()) {
-    Vec acc(0.f);
-    for (int64_t t = 0; t < len; ++t) acc = at::vec::fmadd(Vec(scores[t]), Vec::loadu(vals[t] + i), acc);
-    (acc * Vec(inv)).store(out + i);
-  }
-  for (; i < d; ++i) {
+  const float inv = softmax_in_place(scores, len);
+  for (int64_t i = 0; i < d; ++i) {
     float acc = 0.f;
     for (int64_t t = 0; t < len; ++t) acc += scores[t] * vals[t][i];
     out[i] = acc * inv;
   }
 }
 
+using AttendFn = void (*)(const float*, const float* const*, const float* const*, const float*, int64_t, float, float*,
+                          float*);
+
+// The ``attend`` for head dim d (nullptr: ``attend_any``).
+AttendFn attend_for(int64_t d) {
+  if (d % Vec::size()) return nullptr;
+  switch (d / Vec::size()) {
+    case 1: return &attend<1>;
+    case 2: return &attend<2>;
+    case 4: return &attend<4>;
+    case 8: return &attend<8>;
+    case 16: return &attend<16>;
+    default: return nullptr;
+  }
+}
+
+inline void attend_d(AttendFn fn, const float* q, const float* const* keys, const float* const* vals, const float* bias,
+                     int64_t len, int64_t d, float scale, float* scores, float* out) {
+  if (fn) fn(q, keys, vals, bias, len, scale, scores, out);
+  else attend_any(q, keys, vals, bias, len, d, scale, scores, out);
+}
+
 // The rows q[0..g) of one sentence over its source keys/values (len x DV vectors each, contiguous),
-// per head: each key and value is loaded once for all g rows. Per row the same sums in the same
-// order as ``attend``, so the results are equal bit for bit.
+// per head: the keys are read from L1 per row, each value once for four rows.
 template <int DV>
 void attend_rows(const float* const* q, int g, const float* keys, const float* vals, const float* bias, int64_t len,
                  float scale, float* scores, float* const* out) {
   constexpr int64_t V = Vec::size(), D = DV * Vec::size();
-  for (int64_t t = 0; t < len; ++t) {
-    Vec key[DV];
-    for (int c = 0; c < DV; ++c) key[c] = Vec::loadu(keys + t * D + c * V);
-    for (int i = 0; i < g; ++i) {
-      Vec acc(0.f);
-      for (int c = 0; c < DV; ++c) acc = at::vec::fmadd(Vec::loadu(q[i] + c * V), key[c], acc);
-      scores[i * len + t] = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc) * scale +
-                            (bias ? bias[t] : 0.f);
-    }
-  }
   float inv[kRowGroup];
   for (int i = 0; i < g; ++i) {
     float* row = scores + i * len;
-    float max = kNegInf, sum = 0.f;
-    for (int64_t t = 0; t < len; ++t) max = std::max(max, row[t]);
-    for (int64_t t = 0; t < len; ++t) {
-      row[t] = std::exp(row[t] - max);
-      sum += row[t];
-    }
-    inv[i] = 1.f / sum;
+    dot_scores<DV>(q[i], [keys](int64_t t) { return keys + t * D; }, bias, len, scale, row);
+    inv[i] = softmax_in_place(row, len);
   }
   for (int i0 = 0; i0 < g; i0 += 4) {  // four rows' D-vectors of accumulators at a time
     const int m = std::min(4, g - i0);
@@ -261,6 +303,7 @@ at::Tensor self_attention(const at::Tensor& q, const at::Tensor& cache_k, const 
   float* op = out.data_ptr<float>();
   const int64_t step = l * r * h * d, q_stride = q.stride(0);
   const auto row_length = [&](int64_t task) { return pos ? pos[task / h] + 1 : length; };
+  const AttendFn fn = attend_for(d);
   parallel_for_cost(n * h, std::max<int64_t>(1, 4096 / d), row_length, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(length);
     std::vector<const float*> keys(length), vals(length);
@@ -271,7 +314,7 @@ at::Tensor self_attention(const at::Tensor& q, const at::Tensor& cache_k, const 
         keys[t] = kp + at;
         vals[t] = vp + at;
       }
-      attend(qp + row * q_stride + head * d, keys.data(), vals.data(), nullptr, len, d, static_cast<float>(scale),
+      attend_d(fn, qp + row * q_stride + head * d, keys.data(), vals.data(), nullptr, len, d, static_cast<float>(scale),
              scores.data(), op + row * h * d + head * d);
     }
   });
@@ -380,6 +423,7 @@ at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& cross_k, const
     return out;
   }
   const auto row_cost = [&](int64_t task) { return lp ? lp[sp[task / h]] : s; };
+  const AttendFn fn = attend_for(d);
   parallel_for_cost(n * h, std::max<int64_t>(1, 4096 / d), row_cost, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(s);
     std::vector<const float*> keys(s), vals(s);
@@ -390,7 +434,7 @@ at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& cross_k, const
         keys[t] = kp + at + t * d;
         vals[t] = vp + at + t * d;
       }
-      attend(qp + row * q_stride + head * d, keys.data(), vals.data(), bp ? bp + (j * h + head) * s : nullptr, len, d,
+      attend_d(fn, qp + row * q_stride + head * d, keys.data(), vals.data(), bp ? bp + (j * h + head) * s : nullptr, len, d,
              static_cast<float>(scale), scores.data(), op + row * h * d + head * d);
     }
   });
