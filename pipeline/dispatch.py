@@ -94,10 +94,16 @@ class Pool:
         self.down.pop(actor, None)
         self.last_alive.pop(actor, None)
 
-    def next_actor(self) -> str | None:
-        """The least loaded ready actor with room for another item, if any."""
+    def next_actor(self, waiting: int | None = None) -> str | None:
+        """The least loaded ready actor with room for another item, if any. With ``waiting`` items
+        left to send, a busy actor gets no second one while actors still starting could take them
+        all: the first decoder to load its model took both units of a 2-unit job, and the second
+        decoder idled."""
         room = [(n, a) for a, n in self.ready.items() if n < self.depth]
-        return min(room)[1] if room else None
+        if not room:
+            return None
+        n, actor = min(room)
+        return None if n and waiting is not None and waiting <= len(self.starting) else actor
 
     def sent(self, actor: str, now: float = 0.0) -> None:
         if self.ready[actor] == 0:

@@ -102,7 +102,7 @@ class Driver:
                 self._scale()
                 self._probe_down(now)
                 self._restart_stalled(now)
-                while (actor := self.pool.next_actor()) is not None:  # retries first, then the stream
+                while (actor := self.pool.next_actor(self._waiting())) is not None:  # retries first, then the stream
                     due = self.retry and self.not_before.get(self.retry[0].name, 0.0) <= now
                     item = [self.retry.popleft()] if due else None if drained else feed.next()
                     if item is DRAINED:
@@ -168,6 +168,10 @@ class Driver:
         self.retry.extend(u for u in self.todo if u.name not in committed and u.name not in self.pool.failed)
         if self.retry:
             logger.warning("%d unit(s) not committed after the first pass: sending them again", len(self.retry))
+
+    def _waiting(self) -> int:
+        """Units not yet sent (about: an encoded block may carry part of one)."""
+        return max(0, len(self.todo) - self.finished_units - len(self.in_flight))
 
     def _send(self, actor: str, item: object) -> None:
         ref = self.handles[actor].decode.remote(item)

@@ -107,13 +107,27 @@ def claim(store: OutputStore, record: PlanRecord, restart: bool) -> None:
 
 def _unit_rows(cfg: PipelineConfig) -> int | Callable[[int], int]:
     """``cfg.unit_rows``; unset, what the output's plan record says (a resume keeps its units, whichever
-    device it resumes on), else the default for the decoders' device by the input's size."""
+    device it resumes on), else the default for the decoders' device and count by the input's size."""
     if cfg.unit_rows is not None:
         return cfg.unit_rows
     earlier = None if cfg.restart else OutputStore(cfg.decoder.output).read_plan()
     if earlier is not None:
         return earlier.unit_rows
-    return functools.partial(auto_unit_rows, gpu=on_gpu(cfg.decoder.device, cfg.gpus_per_decoder))
+    return functools.partial(auto_unit_rows, gpu=on_gpu(cfg.decoder.device, cfg.gpus_per_decoder),
+                             decoders=_expected_decoders(cfg))
+
+
+def _expected_decoders(cfg: PipelineConfig) -> int:
+    """The decoders the job will run, where known before Ray starts: ``--decoders``, the most an
+    autoscaling pool grows to, or this machine's cores per decoder for a Ray started here on the
+    CPU; 0 where only the cluster knows (a cluster address, GPUs)."""
+    if isinstance(cfg.decoders, tuple):
+        return cfg.decoders[1]
+    if cfg.decoders:
+        return cfg.decoders
+    if cfg.gpus_per_decoder or os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_JOB_ID"):
+        return 0
+    return max(1, math.floor((os.cpu_count() or 1) / (cfg.cpus_per_decoder or cfg.decoder.threads or 2)))
 
 
 def run_pipeline(cfg: PipelineConfig, finish: Callable[[OutputStore], object] | None = None) -> PipelineResult:

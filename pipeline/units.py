@@ -121,14 +121,26 @@ def check_apart(input_url: str, output_url: str) -> None:
                          f"read as input; write the output elsewhere")
 
 
-def auto_unit_rows(rows: int, gpu: bool) -> int:
-    """Rows per work unit where ``--unit-rows`` is not given. CPU: 2500 (a commit every ~40 s per
-    decoder on 2 cores; smaller units made the pipeline slower, ``docs/results/pipeline-wmt22.md``). GPU:
-    a decoder's slots drain at the end of every unit, and with 1024 slots units of 2500 rows take
-    1.4x (Multi30k) to 3.1x (WMT22) the steps of one stream, 50,000 rows 1.0x
+MIN_UNIT_ROWS = 100  # below this a unit's commit and start cost more than spreading it earns
+
+
+def auto_unit_rows(rows: int, gpu: bool, decoders: int = 0) -> int:
+    """Rows per work unit where ``--unit-rows`` is not given: at most 2500 on the CPU (a commit every
+    ~40 s per decoder on 2 cores; smaller units made the pipeline slower, ``docs/results/pipeline-wmt22.md``).
+    On a GPU a decoder's slots drain at the end of every unit, and with 1024 slots units of 2500 rows
+    take 1.4x (Multi30k) to 3.1x (WMT22) the steps of one stream, 50,000 rows 1.0x
     (``docs/results/occupancy.md``); so 1/64 of the input (enough units to spread over many GPUs),
-    within 2500..50000."""
-    return min(max(rows // 64, 2500), 50_000) if gpu else 2500
+    within 2500..50000.
+
+    The units are cut equal (3000 rows: 2 x 1500, not 2500 + 500) and, with ``decoders`` known, as
+    many as a whole multiple of the decoders where the input has ``MIN_UNIT_ROWS`` rows for each:
+    a 3000-row job on 2 CPU decoders ran its 2500-row unit on one core while the other finished its
+    500 rows and idled (611 tokens/s end to end; the two decoders in one process reach ~1000)."""
+    cap = min(max(rows // 64, 2500), 50_000) if gpu else 2500
+    units = max(1, -(-rows // cap))
+    if decoders > 1:
+        units = min(max(units, -(-units // decoders) * decoders), max(units, rows // MIN_UNIT_ROWS))
+    return max(1, -(-rows // units))
 
 
 def plan_units(url: str, columns: Columns, unit_rows: int | Callable[[int], int], *,

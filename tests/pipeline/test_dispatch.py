@@ -36,6 +36,25 @@ def test_least_loaded_ready_actor_gets_the_next_item_up_to_depth() -> None:
     assert pool.next_actor() == "b"
 
 
+def test_a_busy_actor_gets_no_second_item_that_an_actor_still_starting_could_take() -> None:
+    pool = Pool(lo=2, hi=2, depth=2)
+    for a in ("a", "b"):
+        pool.started(a)
+    pool.became_ready("a")  # "a" loaded its model first
+    assert pool.next_actor(waiting=2) == "a"
+    pool.sent("a")
+    assert pool.next_actor(waiting=1) is None  # the last unit waits for "b"
+    assert pool.next_actor(waiting=2) == "a"  # more units than starting actors: "a" queues one ahead
+    pool.became_ready("b")
+    assert pool.next_actor(waiting=1) == "b"
+    pool.sent("b")
+    assert pool.next_actor(waiting=1) in ("a", "b")  # nobody is starting: queue ahead as before
+    pool.stopped("b")
+    pool.started("c")
+    pool.stopped("c")  # a decoder that never started holds nothing back
+    assert pool.next_actor(waiting=1) == "a"
+
+
 def test_a_unit_is_retried_until_it_fails_max_attempts_times() -> None:
     pool = Pool(lo=1, hi=1, max_attempts=3)
     assert pool.failed_attempt("u1", "actor died")

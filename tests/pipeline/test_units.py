@@ -34,8 +34,13 @@ def test_units_cover_every_row_once_across_files(tmp_path) -> None:
 
 
 def test_default_unit_rows_follow_the_device_and_the_whole_input(tmp_path) -> None:
-    assert auto_unit_rows(10**8, gpu=False) == 2500  # the CPU: always
-    assert [auto_unit_rows(n, gpu=True) for n in (1000, 320_000, 1_000_000, 10**8)] == [2500, 5000, 15625, 50_000]
+    assert auto_unit_rows(10**8, gpu=False) == 2500  # the CPU: at most 2500
+    assert [auto_unit_rows(n, gpu=True) for n in (1000, 320_000, 1_000_000, 10**8)] == [1000, 5000, 15625, 50_000]
+    assert auto_unit_rows(3000, gpu=False) == 1500  # equal units: 2 x 1500, not 2500 + 500
+    # with the decoders known: a whole multiple of them, where each unit keeps MIN_UNIT_ROWS rows
+    assert [auto_unit_rows(n, gpu=False, decoders=2) for n in (10, 250, 3000, 6000, 10**8)] == [10, 125, 1500, 1500, 2500]
+    assert auto_unit_rows(3000, gpu=False, decoders=16) == 188  # 16 units
+    assert auto_unit_rows(3000, gpu=False, decoders=64) == 100  # 30 units of MIN_UNIT_ROWS, not 64 smaller ones
     write(tmp_path / "a.parquet", 23)
     write(tmp_path / "b.parquet", 5, start=23)
     seen = []
