@@ -41,6 +41,20 @@ def test_peer_benchmark_smoke(demo_model_dir, tmp_path):
     assert all(r["share_of_gemm_peak"] < 1 for r in float32)  # no float32 decoder outruns the GEMM it runs on
     if report["isa_peak_gflops"] > 0:  # (a clock was readable)
         assert all(r["share_of_isa_peak"] > 0 for r in table["rows"]) and "FLOP/cycle" in report["isa_peak"]
+        assert all(r["share_of_isa_peak"] < 1 for r in float32)  # nor the measured FMA peak
+
+
+def test_the_fma_probe_measures_a_peak_no_gemm_exceeds():
+    """The ISA's peak at the clock the cores really run: above the GEMM probe on the same threads."""
+    from benchmarks.fma_probe import isa_peak
+    from benchmarks.peers import gemm_probe
+
+    try:
+        peak, how = isa_peak(1, detect())
+    except Exception as err:  # no compiler here: the bench falls back to the reported clock
+        pytest.skip(f"FMA probe cannot be built: {err}")
+    gemm = gemm_probe(threads=1, size=512, seconds=0.2).peak
+    assert gemm <= peak * 1.02 and "GHz" in how and "measured" in how
 
 
 def test_streaming_policies_against_batch_decoding(demo_model_dir, tmp_path):
