@@ -18,10 +18,10 @@ and decodes at the in-process engine's speed, where a Ray Data map worker measur
 """
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, replace
@@ -113,21 +113,28 @@ def _unit_rows(cfg: PipelineConfig) -> int | Callable[[int], int]:
     earlier = None if cfg.restart else OutputStore(cfg.decoder.output).read_plan()
     if earlier is not None:
         return earlier.unit_rows
-    return functools.partial(auto_unit_rows, gpu=on_gpu(cfg.decoder.device, cfg.gpus_per_decoder),
-                             decoders=_expected_decoders(cfg))
+    gpu, decoders = on_gpu(cfg.decoder.device, cfg.gpus_per_decoder), _expected_decoders(cfg)
+    return lambda rows: auto_unit_rows(rows, gpu, decoders=1 if _runs_here(cfg, rows) else decoders)
 
 
 def _expected_decoders(cfg: PipelineConfig) -> int:
-    """The decoders the job will run, where known before Ray starts: ``--decoders``, the most an
-    autoscaling pool grows to, or this machine's cores per decoder for a Ray started here on the
-    CPU; 0 where only the cluster knows (a cluster address, GPUs)."""
+    """The decoders the job will run, where known before its decoders start: ``--decoders``, the most
+    an autoscaling pool grows to, the CPUs of the cluster this process has joined, or this machine's
+    cores for a Ray started here, per decoder; 0 where only the cluster knows (an address not yet
+    joined, GPUs)."""
     if isinstance(cfg.decoders, tuple):
         return cfg.decoders[1]
     if cfg.decoders:
         return cfg.decoders
-    if cfg.gpus_per_decoder or os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_JOB_ID"):
+    if cfg.gpus_per_decoder:
         return 0
-    return max(1, math.floor((os.cpu_count() or 1) / (cfg.cpus_per_decoder or cfg.decoder.threads or 2)))
+    per = cfg.cpus_per_decoder or cfg.decoder.threads or 2
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():  # joined already: the cluster's CPUs
+        return max(1, math.floor(ray.cluster_resources().get("CPU", 1) / per))
+    if os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_JOB_ID"):
+        return 0
+    return max(1, math.floor((os.cpu_count() or 1) / per))
 
 
 def run_pipeline(cfg: PipelineConfig, finish: Callable[[OutputStore], object] | None = None) -> PipelineResult:
@@ -221,9 +228,14 @@ def _run(cfg: PipelineConfig, plan: Plan, store: OutputStore, lease: Lease) -> P
 
 def _local(cfg: PipelineConfig, plan: Plan) -> bool:
     """A small job with no cluster to join: Ray's start-up would cost more than the decoding."""
+    return _runs_here(cfg, plan.rows)
+
+
+def _runs_here(cfg: PipelineConfig, rows: int) -> bool:
+    """Whether a job of ``rows`` rows decodes in this process (one decoder) rather than on Ray."""
     if cfg.in_process:
         return True
-    if cfg.local_rows <= 0 or plan.rows > cfg.local_rows or cfg.gpus_per_decoder:
+    if cfg.local_rows <= 0 or rows > cfg.local_rows or cfg.gpus_per_decoder:
         return False
     import ray
     return not ray.is_initialized() and not os.environ.get("RAY_ADDRESS") and not os.environ.get("RAY_JOB_ID")
