@@ -147,9 +147,10 @@ def add_batching_flags(g) -> None:
                         "Only with the static step (--static-step N > 0, a GPU's default)")
     g.add_argument("--unit-rows", type=int,
                    help="rows per work unit: the commit / resume grain, and the decoder sorts by length within it. "
-                        "Default: what the output's plan used when resuming; else 2500 on the CPU, and on a GPU "
-                        "1/64 of the input within 2500..50000 (a GPU's slots drain at each unit's end: "
-                        "docs/results/occupancy.md)")
+                        "Default: what the output's plan used when resuming; else at most 2500 on the CPU, and on a "
+                        "GPU 1/64 of the input within 2500..50000 (a GPU's slots drain at each unit's end: "
+                        "docs/results/occupancy.md); units are cut equal, at least one per decoder where the input "
+                        "has 100 rows for each")
 
 
 def add_cluster_flags(g) -> None:

@@ -359,12 +359,23 @@ def apply_speedups(model: MarianModel, opts: CpuSpeedups) -> MarianModel:
         if onednn_available():
             pack_onednn(model)
             if isinstance(model.model.decoder.ops, NativeOps):  # few-row products on the native kernel
+                kernels = model.model.decoder.ops.kernels
                 heads = [model.vocab_head] if isinstance(model.vocab_head, PackedLinear) else []
                 for layer in (*_packed_layers(model.model.encoder), *_packed_layers(model.model.decoder), *heads):
-                    layer.use_small_kernel(model.model.decoder.ops.kernels)
+                    layer.use_small_kernel(kernels)
+                if model.pack_head is PackedLinear:  # shortlist heads on the same kernel as the full one: a
+                    model.pack_head = functools.partial(_small_head, kernels=kernels)  # column sums alike
         else:
             logger.warning("this torch build has no oneDNN linear kernels: onednn speed-up skipped")
     return model
+
+
+def _small_head(weight: Tensor, bias: Tensor | None, kernels) -> PackedLinear:
+    """A shortlist head packed for oneDNN and for ``small_linear``: a candidate's logit is the same
+    sum in the same order as in the full output layer, so a shortlist of every word decodes as none."""
+    head = PackedLinear(weight, bias)
+    head.use_small_kernel(kernels)
+    return head
 
 
 def _packed_layers(module: nn.Module) -> list[PackedLinear]:
