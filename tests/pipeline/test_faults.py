@@ -325,7 +325,8 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(cluster, demo_model_dir, tmp_p
 def test_a_hung_encoder_is_given_up_after_the_stall_timeout(cluster, demo_model_dir, tmp_path):
     """A stopped (SIGSTOP) encoder never fails: Ray Data waits on it forever. Once every decoder has
     waited --stall-timeout on the empty stream, the units go to the decoders raw; nothing is lost."""
-    n = 600  # enough that the encoder is stopped mid-stream, not after it has encoded everything
+    n = 3000  # enough that the encoder is stopped mid-stream, not after it has encoded everything (600 rows
+    # were all encoded before the stop now and then on a loaded machine)
     src = write_corpus(tmp_path / "in.parquet", clean_corpus(n))
     out = tmp_path / "out"
     proc = spawn_driver(cluster, job(demo_model_dir, src, out, "--unit-rows", "30", "--decoders", "1",
