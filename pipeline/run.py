@@ -118,23 +118,23 @@ def _unit_rows(cfg: PipelineConfig) -> int | Callable[[int], int]:
 
 
 def _expected_decoders(cfg: PipelineConfig) -> int:
-    """The decoders the job will run, where known before its decoders start: ``--decoders``, the most
-    an autoscaling pool grows to, the CPUs of the cluster this process has joined, or this machine's
-    cores for a Ray started here, per decoder; 0 where only the cluster knows (an address not yet
-    joined, GPUs)."""
-    if isinstance(cfg.decoders, tuple):
-        return cfg.decoders[1]
-    if cfg.decoders:
-        return cfg.decoders
-    if cfg.gpus_per_decoder:
+    """The decoders the job will run (``_decoder_pool``'s most), where known before its decoders
+    start: over the CPUs of the cluster this process has joined, or this machine's for a Ray started
+    here; 0 where only the cluster knows (an address not yet joined, GPUs)."""
+    if not cfg.decoders and cfg.gpus_per_decoder:
         return 0
-    per = cfg.cpus_per_decoder or cfg.decoder.threads or 2
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():  # joined already: the cluster's CPUs
-        return max(1, math.floor(ray.cluster_resources().get("CPU", 1) / per))
-    if os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_JOB_ID"):
+        cpus = ray.cluster_resources().get("CPU", 1)
+    elif not cfg.decoders and (os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_JOB_ID")):
         return 0
-    return max(1, math.floor((os.cpu_count() or 1) / per))
+    else:
+        cpus = os.cpu_count() or 1
+    return _decoder_pool(_with_default_threads(cfg), cpus, 0)[1]
+
+
+def _with_default_threads(cfg: PipelineConfig) -> PipelineConfig:
+    return replace(cfg, decoder=cfg.decoder.with_threads(cfg.decoder.threads or 2))
 
 
 def run_pipeline(cfg: PipelineConfig, finish: Callable[[OutputStore], object] | None = None) -> PipelineResult:
@@ -185,7 +185,7 @@ def _run(cfg: PipelineConfig, plan: Plan, store: OutputStore, lease: Lease) -> P
     start = time.perf_counter()
     if not todo:
         result.where = "nothing to do"
-    elif _local(cfg, plan):
+    elif _runs_here(cfg, plan.rows):
         result.where = "in-process"
         logger.info("small job (%d rows, no cluster address): decoding in this process", plan.rows)
         _decode_here(cfg, result, store, todo, lease)
@@ -226,13 +226,9 @@ def _run(cfg: PipelineConfig, plan: Plan, store: OutputStore, lease: Lease) -> P
     return result
 
 
-def _local(cfg: PipelineConfig, plan: Plan) -> bool:
-    """A small job with no cluster to join: Ray's start-up would cost more than the decoding."""
-    return _runs_here(cfg, plan.rows)
-
-
 def _runs_here(cfg: PipelineConfig, rows: int) -> bool:
-    """Whether a job of ``rows`` rows decodes in this process (one decoder) rather than on Ray."""
+    """Whether a job of ``rows`` rows decodes in this process (one decoder) rather than on Ray: a
+    small job with no cluster to join, where Ray's start-up would cost more than the decoding."""
     if cfg.in_process:
         return True
     if cfg.local_rows <= 0 or rows > cfg.local_rows or cfg.gpus_per_decoder:
@@ -283,7 +279,7 @@ def _decode_on_ray(cfg: PipelineConfig, result: PipelineResult, store: OutputSto
     if cfg.decoder.speedups.native:  # built once here, so no decoder builds (or can be killed building) it
         from raymt.workers.native import prebuild
         prebuild()
-    cfg = replace(cfg, decoder=cfg.decoder.with_threads(cfg.decoder.threads or 2))
+    cfg = _with_default_threads(cfg)
     resources = ray.cluster_resources()
     shape = _decoder_pool(cfg, resources.get("CPU", 1), resources.get("GPU", 0))
     if not isinstance(cfg.decoders, tuple) and len(todo) < shape[1]:  # a fixed pool: no decoder without a unit

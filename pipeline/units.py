@@ -139,7 +139,7 @@ def auto_unit_rows(rows: int, gpu: bool, decoders: int = 0) -> int:
     cap = min(max(rows // 64, 2500), 50_000) if gpu else 2500
     units = max(1, -(-rows // cap))
     if decoders > 1:
-        units = min(max(units, -(-units // decoders) * decoders), max(units, rows // MIN_UNIT_ROWS))
+        units = max(units, min(-(-units // decoders) * decoders, rows // MIN_UNIT_ROWS))
     return max(1, -(-rows // units))
 
 

@@ -60,20 +60,16 @@ void tile(const float* x, int64_t K, const float* w, const float* bias, float* y
 
 using TileFn = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t, int, int);
 
-// The tile of ``rows`` x ``blocks`` (1..kMaxRows x 1..kBlocks), from tables the compiler builds.
-template <int R, int... B>
-TileFn tile_of_width(int blocks, std::integer_sequence<int, B...>) {
-  static constexpr TileFn fns[] = {&tile<R, B + 1>...};
-  return fns[blocks - 1];
+// The tile of ``rows`` x ``blocks`` (1..kMaxRows x 1..kBlocks), from a table the compiler builds.
+template <int... I>
+TileFn tile_of(int rows, int blocks, std::integer_sequence<int, I...>) {
+  static constexpr TileFn fns[] = {&tile<I / kBlocks + 1, I % kBlocks + 1>...};
+  return fns[(rows - 1) * kBlocks + blocks - 1];
 }
 
-template <int... R>
-TileFn tile_of(int rows, int blocks, std::integer_sequence<int, R...>) {
-  static constexpr TileFn (*by_rows[])(int, std::make_integer_sequence<int, kBlocks>) = {&tile_of_width<R + 1>...};
-  return by_rows[rows - 1](blocks, std::make_integer_sequence<int, kBlocks>{});
+TileFn tile_fn(int rows, int blocks) {
+  return tile_of(rows, blocks, std::make_integer_sequence<int, kMaxRows * kBlocks>{});
 }
-
-TileFn tile_fn(int rows, int blocks) { return tile_of(rows, blocks, std::make_integer_sequence<int, kMaxRows>{}); }
 
 }  // namespace
 
