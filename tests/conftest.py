@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,12 @@ SHARED_DATA = Path(os.environ.get("RAYMT_SHARED_DATA", ROOT.parent / "shared" / 
 DEMO_MODEL = Path(os.environ.get("RAYMT_DEMO_MODEL", ROOT / "models" / "demo-de-en"))
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+# Subprocesses find this interpreter's scripts first, as in an activated virtual environment: Ray's
+# cluster helpers run `ray`, and a submitted job's entrypoint runs `python`.
+_SCRIPTS = os.path.dirname(sys.executable)
+if _SCRIPTS not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = os.pathsep.join(filter(None, (_SCRIPTS, os.environ.get("PATH"))))
 
 
 def shared_path(*parts: str) -> Path:
