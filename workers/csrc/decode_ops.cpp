@@ -31,6 +31,11 @@ namespace {
 using Vec = at::vec::Vectorized<float>;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kRowGroup = 16;  // cross-attention: at most this many rows of one sentence share a pass
+// Cross-attention's weighted sum of values: rows sharing each value load, as many (up to 4) as keep
+// their D = DV vectors of sums and the DV value vectors in registers (AVX-512's 32, AVX2's 16: at
+// head dim 64 under AVX2, 1 row; 4 rows there spilled the sums every position)
+template <int DV>
+constexpr int kValueRows = std::max(1, std::min(4, ((Vec::size() >= 16 ? 32 : 16) - DV) / DV));
 
 // Insert (value, index) into best/where (descending, length k) if it beats the last entry;
 // an equal value keeps the earlier index first.
@@ -201,21 +206,22 @@ inline void attend_d(AttendFn fn, const float* q, const float* const* keys, cons
 }
 
 // The rows q[0..g) of one sentence over its source keys/values (len x DV vectors each, contiguous),
-// per head: the keys are read from L1 per row, each value once for four rows.
+// per head: the keys are read from L1 per row, each value once for kValueRows rows.
 template <int DV>
 void attend_rows(const float* const* q, int g, const float* keys, const float* vals, const float* bias, int64_t len,
                  float scale, float* scores, float* const* out) {
   constexpr int64_t V = Vec::size(), D = DV * Vec::size();
+  constexpr int R = kValueRows<DV>;
   float inv[kRowGroup];
   for (int i = 0; i < g; ++i) {
     float* row = scores + i * len;
     dot_scores<DV>(q[i], [keys](int64_t t) { return keys + t * D; }, bias, len, scale, row);
     inv[i] = softmax_in_place(row, len);
   }
-  for (int i0 = 0; i0 < g; i0 += 4) {  // four rows' D-vectors of accumulators at a time
-    const int m = std::min(4, g - i0);
-    Vec acc[4][DV];
-    for (int i = 0; i < 4; ++i)
+  for (int i0 = 0; i0 < g; i0 += R) {  // R rows' D-vectors of accumulators at a time
+    const int m = std::min(R, g - i0);
+    Vec acc[R][DV];
+    for (int i = 0; i < R; ++i)
       for (int c = 0; c < DV; ++c) acc[i][c] = Vec(0.f);
     for (int64_t t = 0; t < len; ++t) {
       Vec val[DV];
