@@ -29,6 +29,12 @@ constexpr int64_t kW = Vec::size();
 // 6 x 4, 8 x 3, 4 x 6, 12 x 2)
 constexpr int kMaxRows = kW >= 16 ? 6 : 4, kBlocks = kW >= 16 ? 4 : 3;
 constexpr int64_t kSerialWork = 1 << 18;  // multiply-adds below which one thread does it all
+// Under AVX2 each thread prefetches its next panel of weights while the row groups of the current
+// one compute: the first row group over a panel otherwise waits on memory (the decoder's weights,
+// ~100 MB, do not stay cached between steps). Measured on 2 AMD EPYC threads, base-size model,
+// Multi30k x300, beam 5: 0.7-3.8% less wall time under AVX2 in four alternating pairs; under
+// AVX-512, whose panels are 2.7x larger and whose hardware prefetch keeps up, 3% more.
+constexpr bool kPrefetchNext = kW < 16;
 
 enum Act { kNone = 0, kSwish = 1, kRelu = 2 };  // the activation applied to the output tile
 
@@ -104,8 +110,16 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& packed, const c10
       const int64_t b0 = p * kBlocks;
       const int nb = static_cast<int>(std::min<int64_t>(kBlocks, blocks - b0));
       const int last = static_cast<int>(std::min<int64_t>(kW, n - (b0 + nb - 1) * kW));  // the tile's last block
+      // the next panel's bytes, fetched a share per row group (none: kPrefetchNext off, or the thread's last panel)
+      const int64_t next_bytes = kPrefetchNext && p + 1 < end
+          ? std::min<int64_t>(kBlocks, blocks - b0 - kBlocks) * k * kW * static_cast<int64_t>(sizeof(float)) : 0;
+      const char* next = next_bytes ? reinterpret_cast<const char*>(w_p + (b0 + kBlocks) * k * kW) : nullptr;
+      const int64_t share = (next_bytes + m - 1) / m * kMaxRows;  // bytes per row group, rounded up
+      int64_t fetched = 0;
       for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m - r0));
+        for (const int64_t stop = std::min(next_bytes, fetched + share); fetched < stop; fetched += 64)
+          __builtin_prefetch(next + fetched, 0, 2);  // a 64-byte line, read, into L2
         tile_fn(rows, nb)(x_p + r0 * k, k, w_p + b0 * k * kW, bias_p ? bias_p + b0 * kW : nullptr,
                           y_p + r0 * n + b0 * kW, n, static_cast<int>(act), last);
       }
