@@ -34,7 +34,11 @@ constexpr int64_t kSerialWork = 1 << 18;  // multiply-adds below which one threa
 // ~100 MB, do not stay cached between steps). Measured on 2 AMD EPYC threads, base-size model,
 // Multi30k x300, beam 5: 0.7-3.8% less wall time under AVX2 in four alternating pairs; under
 // AVX-512, whose panels are 2.7x larger and whose hardware prefetch keeps up, 3% more.
-constexpr bool kPrefetchNext = kW < 16;
+#if defined(CPU_CAPABILITY_AVX2)
+constexpr bool kPrefetchNext = true;
+#else
+constexpr bool kPrefetchNext = false;  // AVX-512, and the portable build (unmeasured there)
+#endif
 
 enum Act { kNone = 0, kSwish = 1, kRelu = 2 };  // the activation applied to the output tile
 
