@@ -39,6 +39,7 @@ constexpr bool kPrefetchNext = true;
 #else
 constexpr bool kPrefetchNext = false;  // AVX-512, and the portable build (unmeasured there)
 #endif
+constexpr int64_t kLine = 64;  // bytes per cache line, the prefetch's stride
 
 enum Act { kNone = 0, kSwish = 1, kRelu = 2 };  // the activation applied to the output tile
 
@@ -122,8 +123,8 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& packed, const c10
       int64_t fetched = 0;
       for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m - r0));
-        for (const int64_t stop = std::min(next_bytes, fetched + share); fetched < stop; fetched += 64)
-          __builtin_prefetch(next + fetched, 0, 2);  // a 64-byte line, read, into L2
+        for (const int64_t stop = std::min(next_bytes, fetched + share); fetched < stop; fetched += kLine)
+          __builtin_prefetch(next + fetched, 0, 2);  // one line, for reading, into L2
         tile_fn(rows, nb)(x_p + r0 * k, k, w_p + b0 * k * kW, bias_p ? bias_p + b0 * kW : nullptr,
                           y_p + r0 * n + b0 * kW, n, static_cast<int>(act), last);
       }
