@@ -1,41 +1,50 @@
-"""The GPU check in one call: tests, correctness and a short bench, in at most 9 minutes.
+"""The GPU check: tests, correctness and a short bench on a GPU machine, within a time budget
+(``--budget-s``, 9 minutes by default). From the checkout's root:
 
-    python -m benchmarks.gpu_data                                   # where ../shared is: data-gpu/ (copy it to the GPU machine)
-    PYTHONPATH=. python -m benchmarks.gpu_check --out $OUT          # on the GPU machine
-    python -m benchmarks.gpu_check --out /tmp/check --device cpu    # the dry run, here (small sizes)
-    PYTHONPATH=. python -m benchmarks.gpu_check --out $OUT --long batching   # (or base) the long tables
+    python -m benchmarks.gpu_data                                  # where ../shared is: data-gpu/ (carry it over)
+    python -m benchmarks.gpu_check --out gpu-check                 # on the GPU machine (data-gpu/ in the checkout)
+    python -m benchmarks.gpu_check --out gpu-check --data /path/to/data-gpu   # data-gpu/ kept elsewhere
+    python -m benchmarks.gpu_check --out /tmp/check --device cpu   # the dry run, anywhere (small sizes)
+    python -m benchmarks.gpu_check --out gpu-check --long batching # (or base) the long tables
 
-Runs each part in its own process under its own time limit (shares of ``--budget-s``): the
-``gpu``-marked tests and the Triton kernel tests; graph replay = eager; bf16 vs fp32 BLEU; a
-decode on the last GPU index; the product end to end (``raymt.jobs.translate --in-process``);
-tokens/s of ours against HF ``generate`` for the demo model and base-de-en. Writes exactly two
-files into ``--out``: ``gpu_check.tar.gz`` (every log and each part's rows as JSON) and
-``summary.md`` (under 8 KB: the GPU, torch/CUDA, a table of figures and pass/fail), and prints
-the summary last. ``--device cpu`` runs the same parts at small sizes and writes the same table,
-each GPU-only figure "not measured: no GPU". What each figure means: ``docs/gpu.md``.
+Runs each part under its own time limit (shares of ``--budget-s``; every part, unpacking the base
+model included, counts against it): the ``gpu``-marked tests and the Triton kernel tests; graph
+replay = eager; bf16 vs fp32 BLEU; a decode on the last GPU index; the product end to end
+(``raymt.jobs.translate --in-process``); tokens/s of ours against HF ``generate`` for the demo
+model and base-de-en. Writes exactly two files into ``--out``, whatever happens (a part that
+fails, raises or is interrupted is a FAIL row naming why): ``gpu_check.tar.gz`` (every log and
+each part's rows as JSON) and ``summary.md`` (under 8 KB: the GPU, torch/CUDA, a table of figures
+and pass/fail), and prints the summary last. ``--device cpu`` runs the same parts at small sizes and
+writes the same table, each GPU-only figure "not measured: no GPU". What each figure means:
+``docs/gpu.md``.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "data-gpu"  # where ``benchmarks.gpu_data`` writes, run from the checkout's root
+SHARED = ROOT.parent / "shared"  # a folder beside the checkout holding data/ and models/, where there is one
 SUMMARY_LIMIT = 8000  # bytes
 NOT_MEASURED = "not measured: no GPU"
 CRASHED = ("FAIL: exit", "FAIL: timed out", "FAIL: no time")  # a part that did not finish, on any device
 # (part, its share of the budget, scaled to --budget-s): the tests' part runs pytest, the others
 # benchmarks.gpu_check_steps; the environment's share covers a cold CUDA start
-PARTS = (("environment", 25), ("tests", 200), ("replay", 55), ("bleu", 50), ("index", 35), ("job", 70),
-         ("bench", 70), ("bench_base", 80))
+PARTS = (("environment", 25), ("base model", 15), ("tests", 200), ("replay", 55), ("bleu", 50), ("index", 35),
+         ("job", 70), ("bench", 70), ("bench_base", 80))
 LONG = {"batching": (["--sets", "multi30k", "--tables", "batching,topup,search"], 520),
         "base": (["--sets", "wmt22", "--beams", "5", "--tables", "peers", "--hf-batches", "128,512", "--repeats", "2",
                   "--synthetic-base", "--capacities", "128,512,1024"], 520)}
@@ -125,14 +134,15 @@ def step_rows(name: str, args: argparse.Namespace, work: Path, seconds: float) -
     return [{"check": name, "figure": "-", "result": f"FAIL: {why}", "gpu_only": True, "seconds": round(wall)}]
 
 
-def long_rows(args: argparse.Namespace, work: Path) -> list[dict]:
+def long_rows(args: argparse.Namespace, work: Path, left: float) -> list[dict]:
+    """The long tables (``--long``) in ``benchmarks.bench_gpu``, within what is ``left`` of the budget."""
     flags, seconds = LONG[args.long]
     small = ["--lines", "8", "--repeats", "1", "--capacities", "4", "--hf-batches", "4", "--batching-beams", "2",
              "--batch-sentences", "4", "--search-beam", "3"] if not args.device.startswith("cuda") else []
     shortlist = first_existing(str(Path(args.data) / "lex.s2t"))
     cmd = [sys.executable, "-m", "benchmarks.bench_gpu", "--data", args.data, "--device", args.device,
            "--out", str(work / f"long-{args.long}"), *flags, *small, *(["--shortlist", shortlist] if shortlist else [])]
-    rc, wall = run_limited(cmd, work / f"long-{args.long}.log", min(seconds, args.budget_s), child_env(args))
+    rc, wall = run_limited(cmd, work / f"long-{args.long}.log", min(seconds, left), child_env(args))
     report = work / f"long-{args.long}.json"
     tables = list(json.loads(report.read_text())["tables"]) if report.exists() else []
     result = "pass" if rc == 0 else "FAIL: timed out (the tables it finished are in the tar)" if rc is None \
@@ -173,11 +183,51 @@ def summary(rows: list[dict], args: argparse.Namespace, wall: float) -> str:
     return text
 
 
-def check(args: argparse.Namespace) -> str:
-    out, start = Path(args.out), time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="gpu_check-"))
-    scale, rows, on_gpu = args.budget_s / sum(s for _, s in PARTS), [], args.device.startswith("cuda")
+def failed(check: str, error: BaseException, seconds: float = 0) -> dict:
+    """A FAIL row naming what ``check`` raised (its first line)."""
+    why = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return {"check": check, "figure": "-", "result": f"FAIL: {type(error).__name__}{': ' + why if why else ''}",
+            "gpu_only": True, "seconds": round(seconds)}
+
+
+def guarded(name: str, work: Path, part: Callable[[], list[dict]]) -> list[dict]:
+    """``part()``'s rows, or one FAIL row naming what it raised (its traceback in ``<name>.log``)."""
+    start = time.perf_counter()
+    try:
+        return part()
+    except Exception as e:  # (an interruption is not caught here: ``check`` records it and stops)
+        with open(work / f"{name.replace(' ', '_')}.log", "a", encoding="utf-8") as log:
+            traceback.print_exc(file=log)
+        return [failed(name, e, time.perf_counter() - start)]
+
+
+def base_model_rows(args: argparse.Namespace) -> list[dict]:
+    """base-de-en for ``bench_base``, in ``args.base_model``: as given, else ``../shared/models``'s,
+    else unpacked from ``<data>/base-de-en.int8`` (in the budget: it takes a while)."""
+    start = time.perf_counter()
+    if args.base_model is None:
+        args.base_model = base_model(args)
+    if not args.base_model:
+        result = f"skipped: no base-de-en in {SHARED / 'models'} or {Path(args.data) / 'base-de-en.int8'}"
+    else:
+        result = "pass" if Path(args.base_model).is_dir() else f"FAIL: {args.base_model} is not a directory"
+    return [{"check": "base model", "figure": args.base_model or "-", "result": result, "gpu_only": True,
+             "seconds": round(time.perf_counter() - start)}]
+
+
+def part_rows(name: str, args: argparse.Namespace, work: Path, seconds: float) -> list[dict]:
+    if name == "base model":
+        return base_model_rows(args)
+    if name == "tests":
+        return pytest_rows(args, work, seconds)
+    if name == "job":
+        return job_rows(args, work, seconds, 1000 if args.device.startswith("cuda") else 12)
+    return step_rows(name, args, work, seconds)
+
+
+def run_parts(args: argparse.Namespace, work: Path, rows: list[dict], start: float) -> None:
+    """Every part in turn into ``rows``, each within its share of what is left of the budget."""
+    scale, on_gpu = args.budget_s / sum(s for _, s in PARTS), args.device.startswith("cuda")
     parts = [("environment", 25)] if args.long else PARTS
     for name, share in parts:
         left = args.budget_s - (time.perf_counter() - start)
@@ -185,21 +235,43 @@ def check(args: argparse.Namespace) -> str:
         if seconds < 5:
             rows.append({"check": name, "figure": "-", "result": "FAIL: no time left in the budget", "gpu_only": True,
                          "seconds": 0})
-        elif name == "tests":
-            rows += pytest_rows(args, work, seconds)
-        elif name == "job":
-            rows += job_rows(args, work, seconds, 1000 if args.device.startswith("cuda") else 12)
         else:
-            rows += step_rows(name, args, work, seconds)
+            rows += guarded(name, work, lambda: part_rows(name, args, work, seconds))
     if args.long:
-        rows += long_rows(args, work)
-    text = summary(rows, args, time.perf_counter() - start)
+        left = args.budget_s - (time.perf_counter() - start)
+        rows += guarded(f"long tables ({args.long})", work, lambda: long_rows(args, work, left))
+
+
+def write_outputs(rows: list[dict], args: argparse.Namespace, work: Path, wall: float) -> str:
+    """``summary.md`` into ``--out`` (first: the one file that must come back), then the tarball of
+    ``work`` with the rows and the summary in it; ``work`` removed."""
+    out = Path(args.out)
+    text = summary(rows, args, wall)
+    (out / "summary.md").write_text(text)
     (work / "rows.json").write_text(json.dumps(rows, indent=1))
     (work / "summary.md").write_text(text)
     with tarfile.open(out / "gpu_check.tar.gz", "w:gz") as tar:
         tar.add(work, arcname="gpu_check")
-    (out / "summary.md").write_text(text)
-    subprocess.run(["rm", "-rf", str(work)], check=False)
+    shutil.rmtree(work, ignore_errors=True)
+    return text
+
+
+def check(args: argparse.Namespace) -> str:
+    """Every part, then the two files, always: a part that raises is a FAIL row naming the error and
+    the parts after it still run; an interruption (or an error outside the parts) is a FAIL row too,
+    the files are written, and it is raised again. Prints the summary and returns it."""
+    start = time.perf_counter()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="gpu_check-"))
+    rows: list[dict] = []
+    try:
+        run_parts(args, work, rows, start)
+    except BaseException as e:
+        rows.append(failed("gpu check (stopped)", e, time.perf_counter() - start))
+        raise
+    finally:
+        text = write_outputs(rows, args, work, time.perf_counter() - start)
+        print(text)
     return text
 
 
@@ -219,15 +291,16 @@ def run_one_step(args: argparse.Namespace) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", help="where gpu_check.tar.gz and summary.md go (e.g. $OUT)")
+    p.add_argument("--out", help="the folder gpu_check.tar.gz and summary.md are written to (made if missing)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: the dry run at small sizes")
     p.add_argument("--budget-s", type=float, default=540.0, help="wall-clock seconds for everything")
     p.add_argument("--long", choices=sorted(LONG), help="instead of the check: the long tables (batching: the batching, "
                    "top-up and search tables on Multi30k; base: WMT22 and the synthetic base-size model)")
-    p.add_argument("--data", default=first_existing("data-gpu", str(ROOT.parent / "shared" / "data")) or "data-gpu",
-                   help="holds multi30k/ and wmt22/ (default: data-gpu/, else ../shared/data)")
+    p.add_argument("--data", default=first_existing(str(DATA), str(SHARED / "data")) or str(DATA),
+                   help="the folder benchmarks.gpu_data prepared (multi30k/, wmt22/, base-de-en.int8/, lex.s2t), "
+                   "wherever it was copied to (default: data-gpu/ in the checkout, else ../shared/data)")
     p.add_argument("--base-model", default=None, help="base-de-en's directory (default: ../shared/models/base-de-en, "
-                   "else unpacked from data-gpu/base-de-en.int8)")
+                   "else unpacked from the data folder's base-de-en.int8/)")
     p.add_argument("--step", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -237,7 +310,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def base_model(args: argparse.Namespace) -> str | None:
-    shared = ROOT.parent / "shared" / "models" / "base-de-en"
+    shared = SHARED / "models" / "base-de-en"
     if shared.exists():
         return str(shared)
     packed = Path(args.data) / "base-de-en.int8"
@@ -252,9 +325,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.step:
         run_one_step(args)
         return
-    if args.base_model is None:
-        args.base_model = base_model(args)
-    print(check(args))
+    check(args)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from benchmarks.bench_gpu import hf_runner, measure, ours_runner, rows_of
 from raymt.pipeline.reports import SETS, read_lines
 from raymt.workers.config import SearchConfig
 from raymt.workers.device import GPU_DEFAULTS
+from raymt.workers.isa import bf16_refusal, detect
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.speedups import EXACT, CpuSpeedups
 from raymt.workers.static_step import StaticStep
@@ -176,6 +177,8 @@ def bleu_bf16(sizes: Sizes) -> list[Row]:
     data = multi30k(sizes, sizes.bleu_lines)
     if data is None:
         return no_data(check, sizes)
+    if sizes.device == "cpu" and (why := bf16_refusal(detect())):  # (the dry run on a CPU without bf16 GEMMs)
+        return [Row(check, "-", f"skipped: {why.split(':')[0]}")]
     cfg, scores = SearchConfig(beam_size=sizes.beam), []
     for speedups in (EXACT, CpuSpeedups(bf16=True)):
         translator = Translator.load(DEMO, device=sizes.device, speedups=speedups)

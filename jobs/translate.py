@@ -8,9 +8,11 @@ Runs on the cluster at ``RAY_ADDRESS`` (or the job's cluster under ``ray job sub
 local one; a small job (``--local-rows``, default 1000) with no cluster address, or any job with
 ``--in-process``, runs the same worker code in this process without starting Ray.
 
-``--input``: text (one sentence a line), ``.tsv`` (``--column N``), ``.jsonl`` (``--text-field``), each
-also ``.gz`` / ``.bz2`` / ``.xz`` / ``.zst``, a ``.parquet`` file (columns ``--text-column``, optional
-``--id-column`` / ``--reference-column``), or a directory of them. ``--output``: a directory (one
+``--input``: text (one sentence a line), ``.tsv`` (``--column N``), ``.jsonl`` (``--text-field``), ``.csv``
+(a header row naming the columns), each also ``.gz`` / ``.bz2`` / ``.xz`` / ``.zst``, a ``.parquet`` file
+(CSV and Parquet: columns ``--text-column``, optional ``--id-column`` / ``--reference-column``), or a
+directory of them. A row over ``--max-row-chars`` characters is not decoded (status ``too_long``).
+``--output``: a directory (one
 Parquet part per work unit: id, row, source, translation, score, nbest, status, reason, signature,
 the input's other columns unless ``--no-passthrough``; ``_manifest/``, ``_stats/``, ``_PLAN.json``,
 ``_SUCCESS``) when the path ends in ``/``, is an existing directory or has no file extension;
@@ -41,7 +43,7 @@ import torch
 from raymt.jobs.translate_flags import build_parser as _build_parser
 from raymt.jobs.translate_flags import device_name  # noqa: F401  (the --device type, re-exported)
 from raymt.pipeline.dispatch import Health
-from raymt.pipeline.errors import JobStopped
+from raymt.pipeline.errors import JobStopped, os_error_line
 from raymt.pipeline.extras import MissingExtra, require
 from raymt.pipeline.guards import OutputRefused
 from raymt.pipeline.driver import DecodersUnavailable, ResourcesUnavailable
@@ -56,12 +58,12 @@ from raymt.pipeline.storage import storage_options
 from raymt.pipeline.stream import STDIO, translate_stream
 from raymt.pipeline.units import Columns, InputError
 from raymt.workers.config import FAST_PRUNING, PruningConfig, SearchConfig
-from raymt.workers.decode_config import BatchingConfig, DecodeConfig, RuntimeConfig, ShortlistSource
+from raymt.workers.decode_config import DEFAULTS, BatchingConfig, DecodeConfig, RuntimeConfig, ShortlistSource
 from raymt.workers.device import CPU_DEFAULTS, GPU_DEFAULTS, BatchingDefaults, DeviceUnavailable, on_gpu
 from raymt.workers.isa import bf16_refusal, detect as detect_isa
 from raymt.workers.lang_tokenizer import LanguageError
 from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig
-from raymt.workers.speedups import EXACT, CpuSpeedups
+from raymt.workers.speedups import EXACT, CpuSpeedups, precision_refusal
 from raymt.workers.static_step import StaticStep
 from raymt.workers.translator import Translator
 
@@ -115,12 +117,13 @@ def batching_config(args: argparse.Namespace) -> BatchingConfig:
 
 
 def decode_config(args: argparse.Namespace) -> DecodeConfig:
-    """The flags' one ``DecodeConfig``: search, batching, runtime and shortlist (local paths absolute)."""
+    """The flags' one ``DecodeConfig``: search, batching, runtime, shortlist (local paths absolute) and
+    the row limit."""
     shortlist = ShortlistSource(local_path(args.shortlist), top_m=args.shortlist_m, top_n=args.shortlist_n) \
         if args.shortlist else None
     return DecodeConfig(search=search_config(args), batching=batching_config(args),
                         runtime=RuntimeConfig(device=device_of(args), threads=args.threads, speedups=speedups_of(args)),
-                        shortlist=shortlist)
+                        shortlist=shortlist, max_row_chars=args.max_row_chars)
 
 
 def load_shortlist_for(args: argparse.Namespace, translator: Translator):
@@ -146,12 +149,25 @@ def device_of(args: argparse.Namespace) -> str:
 
 def signature(args: argparse.Namespace, decode: DecodeConfig) -> str:
     """What decodes, in a line printed beside every output (and part of the plan): the model named as
-    one path however it is spelled (``./m/`` and ``m`` are the same model), the search and speedups."""
+    one path however it is spelled (``./m/`` and ``m`` are the same model), the search and speedups,
+    and a row limit other than the default (which rows are decoded at all)."""
     model = args.model.rstrip("/") if "://" in args.model else os.path.normpath(args.model)
+    precision = decode.runtime.speedups.precision  # (what the decoders run: int8 off the CPU is refused first)
     return f"model:{model}|{decode.search.signature()}|batching:{batching_of(args)}" + (
         f"|shortlist:{args.shortlist}:{args.shortlist_m}:{args.shortlist_n}" if args.shortlist else "") + (
-        "|int8" if args.int8 else "") + ("|bf16" if args.bf16 else "") + ("|fp16" if args.fp16 else "") + (
-        f"|langs:{args.source_lang}>{args.target_lang}" if args.source_lang or args.target_lang else "")
+        "" if precision == "float32" else f"|{precision}") + (
+        f"|langs:{args.source_lang}>{args.target_lang}" if args.source_lang or args.target_lang else "") + (
+        f"|max-row-chars:{decode.max_row_chars}" if decode.max_row_chars != DEFAULTS.max_row_chars else "")
+
+
+def precision_check(args: argparse.Namespace) -> None:
+    """``--int8`` where the decoders decode on a GPU (``--device cuda``, or GPUs per decoder): refused
+    in one line before any work, since it would decode in float32 there."""
+    device = device_of(args)
+    if on_gpu(device, args.gpus_per_decoder) and not device.startswith("cuda"):
+        device = "cuda"  # (auto, given GPUs: the decoders decode on theirs)
+    if why := precision_refusal(speedups_of(args), device):
+        raise SystemExit(f"error: {why}")
 
 
 def single_file(url: str) -> bool:
@@ -234,6 +250,10 @@ def run_stream(args: argparse.Namespace, decode: DecodeConfig, start: float) -> 
         if args.debug:
             raise
         raise SystemExit(f"error: {e}") from None
+    except OSError as e:  # a path that cannot be opened, read or written: one line, not a traceback
+        if args.debug:
+            raise
+        raise SystemExit(f"error: {os_error_line(e)}") from None
     statuses = ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items()))
     print(f"translated {result.rows} rows ({statuses}) from {args.input} to {args.output} in "
           f"{time.perf_counter() - start:.1f}s in this process [{settings.signature}]", file=sys.stderr)
@@ -250,6 +270,10 @@ def execute(args: argparse.Namespace, decode: DecodeConfig) -> tuple[PipelineCon
         if args.debug:
             raise
         raise SystemExit(f"error: {e}") from None
+    except OSError as e:  # a path that cannot be opened, read or written: one line, not a traceback
+        if args.debug:
+            raise
+        raise SystemExit(f"error: {os_error_line(e)}") from None
     except KeyboardInterrupt:
         raise SystemExit("interrupted: every committed unit is kept; rerun the same command to resume") from None
 
@@ -279,6 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args.shortlist = shortlist_for(args.shortlist, args.model)  # a Marian directory's lex.s2t by default
+    precision_check(args)
     try:
         decode = decode_config(args)
     except ValueError as e:  # e.g. --nbest above --beam-size: a usage error, not a traceback

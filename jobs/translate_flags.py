@@ -47,9 +47,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
 
 def add_user_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="checkpoint directory or fsspec URL")
-    p.add_argument("--input", required=True, help="a text file (a sentence a line), .tsv, .jsonl, each also "
-                   ".gz/.bz2/.xz/.zst, a .parquet file, or a directory / prefix of them (local or URL); '-': "
-                   "standard input, translated in this process without Ray")
+    p.add_argument("--input", required=True, help="a text file (a sentence a line), .tsv, .csv (a header row), "
+                   ".jsonl, each also .gz/.bz2/.xz/.zst, a .parquet file, or a directory / prefix of them (local or "
+                   "URL); '-': standard input, translated in this process without Ray")
     p.add_argument("--output", required=True, help="a directory (ends in '/', exists, or has no extension) or one "
                    "file: .parquet, .jsonl, .tsv, else text (Marian n-best lines with --nbest > 1), the text ones "
                    "also .gz/.bz2/.xz/.zst; .csv, .json, .xlsx, ... are refused; '-': standard output (text)")
@@ -71,9 +71,14 @@ def add_user_flags(p: argparse.ArgumentParser) -> None:
 
 def add_input_flags(g) -> None:
     g.add_argument("--text-column", "--text-field", dest="text_column", default="text",
-                   help="the Parquet column or JSONL field to translate")
+                   help="the Parquet / CSV column or JSONL field to translate")
     g.add_argument("--id-column", "--id-field", dest="id_column",
-                   help="the Parquet column or JSONL field of ids; default: 'id' when present, else the row number")
+                   help="the Parquet / CSV column or JSONL field of ids; default: 'id' when present, else the row "
+                        "number (a row without its own id in an input with ids: 'row:<row number>')")
+    g.add_argument("--max-row-chars", type=int, default=DEFAULTS.max_row_chars, metavar="N",
+                   help="a row of more characters is not translated: an empty translation with status too_long and "
+                        "its length as the reason (a document or data blob, not a sentence or paragraph, would hold "
+                        "its decoder for minutes to hours); 0: no limit")
     g.add_argument("--source-lang-column", "--source-lang-field", dest="source_lang_column",
                    help="M2M100 / NLLB: a Parquet column or JSONL field of per-row source languages (an empty one: "
                         "--source-lang)")
@@ -83,7 +88,7 @@ def add_input_flags(g) -> None:
     g.add_argument("--column", dest="tsv_column", type=int, default=1, metavar="N",
                    help="a .tsv input's column to translate, 1-based as in cut -f (Mozilla-style src<TAB>trg: 1)")
     g.add_argument("--no-passthrough", action="store_true",
-                   help="leave the input's other columns (Parquet) or fields (JSONL) out of the output; by default "
+                   help="leave the input's other columns (Parquet, CSV) or fields (JSONL) out of the output; by default "
                         "they are kept beside the translation (one renamed input_<name> where the output has the name)")
     g.add_argument("--reference-column", help="references for --evaluate")
     g.add_argument("--evaluate", action="store_true", help="sacreBLEU BLEU and chrF against --reference-column")

@@ -24,6 +24,7 @@ import torch
 from raymt.pipeline.evaluate import EvalStats, sufficient_stats
 from raymt.pipeline.formats import mark_invalid
 from raymt.pipeline.heap import trim_heap
+from raymt.pipeline.hold import AFTER_COMMIT, BEFORE_ENCODE, hold
 from raymt.pipeline.metrics import Metrics
 from raymt.pipeline.passthrough import read_passthrough, with_passthrough
 from raymt.pipeline.records import EncodedUnit, UnitStats
@@ -36,6 +37,7 @@ from raymt.workers.checkpoint import load_tokenizer
 from raymt.workers.device import DeviceUnavailable, resolve_device
 from raymt.workers.engine import DecodeStats
 from raymt.workers.lang_tokenizer import row_language_problems, source_encoder
+from raymt.workers.inputs import MAX_ROW_CHARS
 from raymt.workers.rows import join_rows, prepare_rows
 from raymt.workers.search import Hypothesis
 from raymt.workers.translator import Translator
@@ -51,7 +53,7 @@ class EncoderWorker:
     """unit rows -> encoded unit rows: cleaned text, statuses, token-id pieces that fit the model."""
 
     def __init__(self, model: str | Translator, columns: Columns, source_lang: str | None = None,
-                 target_lang: str | None = None) -> None:
+                 target_lang: str | None = None, max_row_chars: int = MAX_ROW_CHARS) -> None:
         if isinstance(model, Translator):
             self.tokenizer, config = model.checkpoint.tokenizer, model.checkpoint.model.config
         else:  # an encoder actor needs the tokenizer, not the weights
@@ -59,11 +61,12 @@ class EncoderWorker:
         self.source_lang, self.target_lang, self.columns = source_lang, target_lang, columns
         self._encoders: dict[str | None, Callable[[str], list[int]]] = {}
         self.encode = None if columns.source_lang else self.encoder(source_lang)  # (per-row: ``encoder`` per row)
-        self.limit = config.max_position_embeddings
+        self.limit, self.max_row_chars = config.max_position_embeddings, max_row_chars
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         """Ray Data's call. A unit that cannot be read (a corrupt row group) comes back as a row with
         its ``error``: the decoder skips it, and the driver's sweep retries it and reports it."""
+        hold(BEFORE_ENCODE)  # (tests only: pipeline/hold.py)
         rows = []
         for u in batch.column("unit").to_pylist():
             try:
@@ -86,7 +89,7 @@ class EncoderWorker:
         texts = rows.texts if not bad or not any(bad) else [None if b else t for t, b in zip(rows.texts, bad)]
         encode = self.encode if rows.source_langs is None else [
             None if bad and bad[i] else self.encoder(lang or self.source_lang) for i, lang in enumerate(rows.source_langs)]
-        prepared = prepare_rows(texts, encode, self.limit)
+        prepared = prepare_rows(texts, encode, self.limit, self.max_row_chars)
         problems = bad if not rows.problems else [p or b for p, b in zip(rows.problems, bad or [None] * len(rows.problems))]
         statuses, reasons = mark_invalid(prepared.statuses, prepared.reasons, problems)  # unparsable lines, bad codes
         return EncodedUnit(unit, rows.ids, rows.rows,
@@ -112,7 +115,7 @@ class DecoderWorker:
                  report: Callable[[str, Snapshot], None] | None = None) -> None:
         self.settings = settings
         device = _device(settings.device)
-        self.translator = Translator.load(model_reader(settings.model), threads=settings.threads,
+        self.translator = Translator.load(model_reader(settings.model, settings.model_pins), threads=settings.threads,
                                           max_batch_size=settings.max_batch_size, speedups=settings.speedups,
                                           device=device)
         logger.info("decoder on %s%s", device, f" (Ray GPU ids {_gpu_ids()})" if device.type == "cuda" else "")
@@ -129,7 +132,8 @@ class DecoderWorker:
         self.node = _node_id()
         self.last_done = time.time()
         self.metrics = Metrics() if _in_ray() else None
-        self.encoder = EncoderWorker(self.translator, columns, settings.source_lang, settings.target_lang)
+        self.encoder = EncoderWorker(self.translator, columns, settings.source_lang, settings.target_lang,
+                                     settings.decode.max_row_chars)
         if not columns.target_lang:  # (a missing or unknown language: one line, here)
             self.translator.forced_first(settings.target_lang, 1)
         self.name, self.report = name or self.actor, report
@@ -204,6 +208,7 @@ class DecoderWorker:
                           {"unit": unit.name, "rows": len(texts), "actor": self.actor, "signature": self.settings.signature})
         if self.metrics is not None:
             self.metrics.record_unit(stats)
+        hold(AFTER_COMMIT)  # (tests only: pipeline/hold.py)
         self.last_done = time.time()
         return stats
 

@@ -42,7 +42,7 @@ def speedups_for(compute_type: str) -> CpuSpeedups:
 class RowTranslation:
     """One input cell's outcome: its translation ("" when the cell is null or empty), the score
     (sum of log-probs / length**length_penalty), its ``status`` (``ok``, ``null``, ``empty``,
-    ``normalised``, ``split``; ``raymt.workers.inputs``) with the reason, and its n-best (best first)."""
+    ``normalised``, ``split``, ``too_long``; ``raymt.workers.inputs``) with the reason, and its n-best (best first)."""
 
     text: str
     score: float
@@ -63,17 +63,19 @@ class Translator:
     @classmethod
     def load(cls, model: str, *, device: str = "cpu", compute_type: str = "float32", threads: int = 0,
              shortlist: str | ShortlistSource | None = None, search: SearchConfig = DEFAULTS.search,
-             max_batch_tokens: int = 0) -> Translator:
+             max_batch_tokens: int = 0, max_row_chars: int = DEFAULTS.max_row_chars) -> Translator:
         """``model``: a model directory, local or a URL (``s3://``, ``gs://``, any fsspec URL).
         ``device``: cpu | cuda | cuda:N | auto. ``compute_type``: float32 | int8 | bfloat16 | float16.
         ``threads``: torch intra-op threads (0: torch's default). ``shortlist``: a lex.s2t or .vmap
         file (``raymt build-shortlist``; M2M100 / NLLB: or a directory of ``<code>.s2t`` per target language), or a ``ShortlistSource`` to set its top_m / top_n too. ``search``: the default search of ``translate``.
-        ``max_batch_tokens`` > 0: cap each decode step by source tokens instead of sentences."""
+        ``max_batch_tokens`` > 0: cap each decode step by source tokens instead of sentences.
+        ``max_row_chars``: a longer text translates to "" with status ``too_long`` (0: no limit)."""
         on_gpu = resolve_device(device).type == "cuda"
         decode = DecodeConfig(search=search,
                               batching=batching_for(on_gpu, shortlist=bool(shortlist), max_batch_tokens=max_batch_tokens),
                               runtime=RuntimeConfig(device=device, threads=threads, speedups=speedups_for(compute_type)),
-                              shortlist=ShortlistSource(shortlist) if isinstance(shortlist, str) else shortlist)
+                              shortlist=ShortlistSource(shortlist) if isinstance(shortlist, str) else shortlist,
+                              max_row_chars=max_row_chars)
         return cls.from_config(model, decode)
 
     @classmethod
@@ -112,7 +114,8 @@ class Translator:
         encode = source_encoder(tok, source_lang) if source_lang is None or isinstance(source_lang, str) \
             else _per_row_encoders(tok, source_lang, len(cells))  # (M2M100 / NLLB: the source language bound)
         forced = self.core.forced_first(target_lang, len(cells))  # per row (None: a Marian model)
-        prepared = prepare_rows(cells, encode, self.core.checkpoint.model.config.max_position_embeddings)
+        prepared = prepare_rows(cells, encode, self.core.checkpoint.model.config.max_position_embeddings,
+                                self.decode.max_row_chars)
         forced = None if forced is None else [forced[row] for row in prepared.piece_row]
         hyps = self.core.decode_ids(prepared.pieces, cfg, self.shortlist, self.decode.batching.schedule,
                                     stats=self.stats, static=self.decode.batching.static,

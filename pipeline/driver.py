@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from raymt.pipeline.actors import DecoderActor, EncoderWorker, unit_to_row
 from raymt.pipeline.dispatch import Pool, Verdict
-from raymt.pipeline.errors import stopping_cause
+from raymt.pipeline.errors import JobStopped, stopping_cause
 from raymt.pipeline.settings import PipelineConfig, PipelineResult
 from raymt.pipeline.timeline import Board, Progress
 from raymt.pipeline.units import WorkUnit
@@ -142,7 +142,8 @@ class Driver:
         ds = ds.map_batches(EncoderWorker, fn_constructor_kwargs={"model": self.cfg.decoder.model,
                                                                   "columns": self.cfg.columns,
                                                                   "source_lang": self.cfg.decoder.source_lang,
-                                                                  "target_lang": self.cfg.decoder.target_lang},
+                                                                  "target_lang": self.cfg.decoder.target_lang,
+                                                                  "max_row_chars": self.cfg.decoder.decode.max_row_chars},
                             batch_size=1, batch_format="pyarrow", compute=ActorPoolStrategy(size=self.cfg.encoders),
                             num_cpus=self.cfg.encoder_cpus)
         for bundle in ds.iter_internal_ref_bundles():
@@ -287,7 +288,7 @@ class Driver:
         except ray.exceptions.RayError as e:
             self.last_problem = f"{actor}: {_first_line(e)}"
             permanent = bool(getattr(e, "actor_init_failed", False)) or not isinstance(e, ray.exceptions.RayActorError)
-            if isinstance(getattr(e, "cause", None), DeviceUnavailable):  # no retry can bring the device
+            if isinstance(getattr(e, "cause", None), (DeviceUnavailable, JobStopped)):  # no retry can mend it
                 raise e.cause from None
             if actor in self.pool.starting:
                 if permanent:

@@ -19,6 +19,10 @@ class JobStopped(RuntimeError):
     """The job must stop now, with this one-line message (a subclass says why)."""
 
 
+class InputError(ValueError):
+    """The input cannot be translated as asked (missing / mistyped column, a special file); raised before any work."""
+
+
 class StorageFull(JobStopped):
     """A deterministic local error writing the output (no space, no permission, read-only)."""
 
@@ -50,3 +54,10 @@ def stopping_cause(e: BaseException) -> JobStopped | None:
         e = getattr(e, "cause", None) or e.__cause__
         seen += 1
     return None
+
+
+def os_error_line(e: OSError) -> str:
+    """An OS error in one line: the path(s), the system's words and the errno's name (``ENOTDIR``)."""
+    code = errno.errorcode.get(e.errno, str(e.errno)) if e.errno else type(e).__name__
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    return f"{where + ': ' if where else ''}{e.strerror or e} ({code})"

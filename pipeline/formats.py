@@ -5,9 +5,20 @@ Inputs (the name's last suffix after a compression suffix decides):
 
     .parquet                  columns (--text-column, --id-column, --reference-column)
     .jsonl / .ndjson          a JSON object a line (--text-column / --text-field, default ``text``)
+    .csv                      a header record naming the columns, then a record a row (--text-column,
+                              --id-column, --reference-column; quoted fields may hold newlines):
+                              ``pipeline/csvfiles.py``
     .tsv                      tab-separated columns, the text in --column N (1-based, as ``cut -f``)
     anything else             plain text, a sentence a line
     + .gz .bz2 .xz .zst       the text formats compressed (Parquet compresses inside the file)
+
+Ids are strings: a row's id is its id column's value (``--id-column``, else ``id`` where the input has
+it; a JSON line's id field) as text. Where the input has no ids at all (plain text, TSV, Parquet or
+CSV without an id column) a row's id is its global row number (``"7"``). Where it has ids but a row
+lacks its own (a JSON line without the id field, or not parsable at all; a null Parquet cell; an
+empty CSV cell) the row's id is ``row:<n>`` (``missing_id``), n its global row number, the output's
+``row``: a form no numeric id takes (a string id would have to be spelled ``row:`` and that very
+number), so it does not repeat a real id as a bare row number did.
 
 Outputs: a directory of Parquet parts, or one file: ``.parquet``, ``.jsonl`` / ``.ndjson``, ``.tsv``
 (source, tab, translation) or plain text (any other name), the text ones optionally compressed by the
@@ -25,7 +36,7 @@ from dataclasses import dataclass
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}  # suffix -> fsspec compression
 MAGIC = {"gzip": b"\x1f\x8b", "bz2": b"BZh", "xz": b"\xfd7zXZ\x00", "zstd": b"\x28\xb5\x2f\xfd"}
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
-TEXT_INPUT_SUFFIXES = (".txt", ".tsv", *JSONL_SUFFIXES)  # what a directory input is read for, besides .parquet
+TEXT_INPUT_SUFFIXES = (".txt", ".tsv", ".csv", *JSONL_SUFFIXES)  # what a directory input is read for, besides .parquet
 REFUSED_OUTPUTS = (".csv", ".json", ".xlsx", ".xls", ".ods", ".xml", ".html", ".htm", ".doc", ".docx", ".pdf",
                    ".arrow", ".feather", ".orc", ".avro", ".zip", ".7z", ".tar", ".tgz", ".rar", ".lz4", ".z")
 SUPPORTED_OUTPUTS = ("a directory (ends in '/' or has no extension)", ".parquet", ".jsonl", ".tsv",
@@ -57,17 +68,19 @@ def base_name(path: str) -> str:
 
 
 def input_kind(path: str) -> str:
-    """``parquet``, ``jsonl``, ``tsv`` or ``text`` (a sentence a line), by the file's name."""
+    """``parquet``, ``jsonl``, ``csv``, ``tsv`` or ``text`` (a sentence a line), by the file's name."""
     name = base_name(path)
     if name.endswith(".parquet") and compression_of(path) is None:
         return "parquet"
     if name.endswith(JSONL_SUFFIXES):
         return "jsonl"
+    if name.endswith(".csv"):
+        return "csv"
     return "tsv" if name.endswith(".tsv") else "text"
 
 
 def is_input_file(path: str) -> bool:
-    """Whether a directory input reads this file: ``.parquet``, or .txt / .tsv / .jsonl, plain or compressed."""
+    """Whether a directory input reads this file: ``.parquet``, or .txt / .tsv / .csv / .jsonl, plain or compressed."""
     return _name(path).endswith(".parquet") or base_name(path).endswith(TEXT_INPUT_SUFFIXES)
 
 
@@ -97,6 +110,18 @@ def output_format(url: str, nbest: int = 1, text_name: str = "text") -> OutputFo
         raise UnsupportedOutput(f"--output {url}: a .tsv output holds one translation a row, and --nbest {nbest} "
                                 f"asks for more; write .jsonl, .parquet or text (Marian's n-best lines) instead")
     return OutputFormat(kind, compression, nbest, text_name)
+
+
+def missing_id(row: int) -> str:
+    """The id of row ``row`` (global) of an input with ids where the row has none: ``row:<n>``."""
+    return f"row:{row}"
+
+
+def unread_ids(path: str, id_column: str | None, rows: list[int]) -> list[str]:
+    """The ids of rows whose own could not be read (an unreadable unit): ``row:<n>`` where the input
+    has ids (an id column, or JSON lines), else the row numbers, as its readable rows would have."""
+    has_ids = id_column is not None or input_kind(path) == "jsonl"
+    return [missing_id(r) if has_ids else str(r) for r in rows]
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,6 +105,15 @@ def _unwritable(url: str) -> str | None:
         with open(probe, "wb"):
             pass
         os.remove(probe)
+    except NotADirectoryError:
+        blocking = next((p for p in _ancestors(path) if os.path.exists(p) and not os.path.isdir(p)), path)
+        return f"cannot write --output {url}: {blocking} is a file, not a directory (ENOTDIR); choose another place"
     except OSError as e:
         return f"cannot write --output {url}: {e.strerror or e} (errno {e.errno}); choose a writable place"
     return None
+
+
+def _ancestors(path: str) -> list[str]:
+    """``path`` and the folders above it, outermost first."""
+    parts = os.path.abspath(path).split(os.sep)
+    return [os.sep.join(parts[:i]) or os.sep for i in range(2, len(parts) + 1)]

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import fsspec
 
+from raymt.pipeline.digests import file_digest
 from raymt.pipeline.lease import LEASE, Lease, OutputBusy  # noqa: F401 - re-exported: where callers found them
-from raymt.pipeline.storage import storage_options
+from raymt.pipeline.storage import on_disk, storage_options
 
 PLAN = "_PLAN.json"
 MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "source.spm", "target.spm", "vocab.json",
@@ -40,11 +41,23 @@ def file_version(url: str) -> dict:
 
 
 def model_files(url: str) -> list[dict]:
-    """The versions of a model directory's files (and of a shortlist file when given)."""
+    """The versions of a model directory's files (or of one file: a shortlist), each with the SHA-256
+    of its content where it is on local disk (``pipeline/digests.py``; an object's ETag is its own)."""
     fs, root = fsspec.core.url_to_fs(url, **storage_options(url))
     if not fs.isdir(root):
-        return [file_version(url)]
-    return [file_version(f"{url.rstrip('/')}/{name}") for name in MODEL_FILES if fs.exists(f"{root.rstrip('/')}/{name}")]
+        files = [(url, root)]
+    else:
+        files = [(f"{url.rstrip('/')}/{name}", f"{root.rstrip('/')}/{name}") for name in MODEL_FILES
+                 if fs.exists(f"{root.rstrip('/')}/{name}")]
+    return [{**file_version(u), **({"sha256": file_digest(p)} if on_disk(fs) else {})} for u, p in files]
+
+
+def model_pins(files: tuple[dict, ...] | list[dict], model: str) -> tuple[tuple[str, str], ...]:
+    """(file name, SHA-256) of the files of the model directory ``model`` that ``model_files`` hashed:
+    what a decoder checks the bytes it loads against."""
+    folder = model.rstrip("/")
+    return tuple((f["path"][len(folder) + 1:], f["sha256"]) for f in files
+                 if "sha256" in f and f["path"].startswith(folder + "/"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +83,16 @@ class PlanRecord:
         d.pop("digest", None)
         return cls(**{**d, "inputs": tuple(d["inputs"]), "model": tuple(d["model"])})
 
+    @property
+    def pins_content(self) -> bool:
+        """Whether the record holds content checksums (records of older versions pin size and time only)."""
+        return any("content" in f for f in self.inputs) or any("sha256" in f for f in self.model)
+
+    def without_content(self) -> PlanRecord:
+        """This record as an older version wrote it: no content checksums (to compare with such a record)."""
+        strip = lambda files: tuple({k: v for k, v in f.items() if k not in ("content", "sha256")} for f in files)  # noqa: E731
+        return replace(self, inputs=strip(self.inputs), model=strip(self.model))
+
     def differences(self, earlier: PlanRecord) -> list[str]:
         """What changed since ``earlier``, one line each, in words an operator can act on."""
         out = []
@@ -88,6 +111,13 @@ class PlanRecord:
         return out
 
 
+def _changed(kind: str, path: str, old: dict, new: dict) -> str:
+    if (old["size"], old["version"]) == (new["size"], new["version"]):
+        return f"{kind} {path} changed content (same size {new['size']} and version {new['version']}: rewritten in place)"
+    return (f"{kind} {path} changed (size {old['size']} -> {new['size']}, version {old['version']} -> "
+            f"{new['version']})")
+
+
 def _folders(files: tuple[dict, ...]) -> list[str]:
     return sorted({f["path"].rsplit("/", 1)[0] for f in files})
 
@@ -96,8 +126,7 @@ def _file_changes(kind: str, old: tuple[dict, ...], new: tuple[dict, ...]) -> li
     before, after = {f["path"]: f for f in old}, {f["path"]: f for f in new}
     out = [f"{kind} {p} is new" for p in after if p not in before]
     out += [f"{kind} {p} is gone" for p in before if p not in after]
-    out += [f"{kind} {p} changed (size {before[p]['size']} -> {after[p]['size']}, version {before[p]['version']} -> "
-            f"{after[p]['version']})" for p in after if p in before and before[p] != after[p]]
+    out += [_changed(kind, p, before[p], after[p]) for p in after if p in before and before[p] != after[p]]
     if not out and [f["path"] for f in old] != [f["path"] for f in new]:
         out.append(f"{kind} order changed")
     return out

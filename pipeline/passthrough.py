@@ -1,6 +1,7 @@
 """The input's other columns, carried to the output: a Parquet input's columns besides the text, id
-and reference ones (typed, as they are), a JSONL input's other fields (one ``input_json`` column of
-JSON object text, which a ``.jsonl`` output spreads back into each object).
+and reference ones (typed, as they are), a CSV input's (as strings, exactly as written), a JSONL
+input's other fields (one ``input_json`` column of JSON object text, which a ``.jsonl`` output
+spreads back into each object).
 
 They are read again when a unit commits, from the same pinned unit (size and version checked before
 and after), rather than carried through the encoder and decoder: the decode path (Ray Data blocks,
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from raymt.pipeline.csvfiles import read_csv_others
 from raymt.pipeline.formats import input_kind, parse_jsonl
 from raymt.pipeline.units import Columns, WorkUnit, check_pinned, read_parquet_rows, read_unit_lines
 from raymt.pipeline.writers import EXTRA_OUTPUTS, INPUT_JSON, PART_COLUMNS
@@ -35,6 +37,9 @@ def read_passthrough(unit: WorkUnit, columns: Columns) -> pa.Table | None:
     kind = input_kind(unit.path)
     if kind == "parquet":
         table = _parquet_columns(unit, columns)
+    elif kind == "csv":
+        table = read_csv_others(unit, columns)
+        table = table.rename_columns([output_name(n) for n in table.column_names]) if table is not None else None
     elif kind == "jsonl":
         fields = [parse_jsonl(line, columns.text, columns.id).fields for line in read_unit_lines(unit)]
         table = pa.table({INPUT_JSON: pa.array(fields, pa.string())}) if any(fields) else None

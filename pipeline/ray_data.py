@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from raymt.workers.config import SearchConfig
 from raymt.workers.decode_config import DEFAULTS
+from raymt.workers.inputs import MAX_ROW_CHARS, too_long
 from raymt.workers.lang_tokenizer import LanguageError, LanguageTokenizer, per_row_languages, row_language_problems
 
 logger = logging.getLogger(__name__)
@@ -42,14 +43,16 @@ class TranslateStats:
         return self.target_tokens / self.seconds if self.seconds else 0.0
 
 
-def row_error(value) -> str | None:
-    """Why a cell cannot be translated, or None when it can."""
+def row_error(value, max_chars: int = MAX_ROW_CHARS) -> str | None:
+    """Why a cell cannot be translated, or None when it can (``max_chars``: the row limit, 0: none)."""
     if value is None or type(value).__name__ == "NAType" or (isinstance(value, float) and np.isnan(value)):
         return "null"
     if not isinstance(value, str):
         return f"not a string: {type(value).__name__}"
     if not value.strip():
         return "empty"
+    if reason := too_long(value, max_chars):
+        return f"too_long: {reason}"
     return None
 
 
@@ -94,7 +97,9 @@ class Translate:
     directory or URL, ``device`` cpu | cuda | cuda:N | auto, ``compute_type`` float32 | int8 |
     bfloat16 | float16, ``threads``, ``shortlist``, ``max_batch_tokens``); ``search``: the beam search
     (default: the command line's). Cells go through the job's row path (``raymt.workers.rows``): a
-    cell longer than the model's positions is split and joined, control characters are removed.
+    cell longer than the model's positions is split and joined, control characters are removed, and
+    a cell of more than ``max_row_chars`` characters (0: no limit) gets "" and ``too_long: <n>
+    characters, ...`` in ``translation_error`` without being decoded.
     Rows arrive in any batch format (pyarrow, pandas, numpy dicts) and leave in the same one.
 
     An M2M100 / NLLB model needs its languages: ``source_lang`` / ``target_lang`` a code for every
@@ -107,14 +112,15 @@ class Translate:
                  search: SearchConfig | None = None, device: str = "cpu", compute_type: str = "float32",
                  threads: int = 0, shortlist: str | None = None, max_batch_tokens: int = 0,
                  source_lang: str | None = None, target_lang: str | None = None,
-                 source_lang_column: str | None = None, target_lang_column: str | None = None) -> None:
+                 source_lang_column: str | None = None, target_lang_column: str | None = None,
+                 max_row_chars: int = MAX_ROW_CHARS) -> None:
         from raymt.pipeline.api import Translator  # (torch: only inside the actor)
 
         self.column, self.output_column = column, output_column
         self._closed, self.stats = False, TranslateStats()
         self.translator = Translator.load(model, device=device, compute_type=compute_type, threads=threads,
                                           shortlist=shortlist, search=search or DEFAULTS.search,
-                                          max_batch_tokens=max_batch_tokens)
+                                          max_batch_tokens=max_batch_tokens, max_row_chars=max_row_chars)
         self.languages = _Languages(source_lang, target_lang, source_lang_column, target_lang_column)
         self.languages.check(self.translator.core.checkpoint.tokenizer)
         self.search, self.device = self.translator.decode.search, self.translator.core.checkpoint.model.device
@@ -147,7 +153,7 @@ class Translate:
         lang = self.languages
         tok = self.translator.core.checkpoint.tokenizer
         bad = row_language_problems(tok, source_langs, target_langs, lang.source, lang.target) or [None] * len(texts)
-        errors = [row_error(t) or b for t, b in zip(texts, bad)]
+        errors = [row_error(t, self.translator.decode.max_row_chars) or b for t, b in zip(texts, bad)]
         good = [i for i, e in enumerate(errors) if e is None]
         src, tgt = lang.per_row(source_langs, target_langs, len(texts))
         pick = lambda codes, rows: codes if codes is None or isinstance(codes, str) else [codes[i] for i in rows]  # noqa: E731

@@ -33,9 +33,11 @@ from raymt.pipeline.actors import DecoderWorker
 from raymt.pipeline.driver import DecodersUnavailable, Driver, check_placeable
 from raymt.pipeline.errors import JobStopped, stop_for, stopping_cause
 from raymt.pipeline.evaluate import EvalStats, Scores, score
+from raymt.pipeline.formats import unread_ids
 from raymt.pipeline.guards import check_output, check_output_format, check_writable
 from raymt.pipeline.lease import Lease, LeaseLost
-from raymt.pipeline.ledger import PlanMismatch, PlanRecord, file_version, model_files
+from raymt.pipeline.hold import GATES
+from raymt.pipeline.ledger import PlanMismatch, PlanRecord, model_files, model_pins
 from raymt.pipeline.model_check import check_model
 from raymt.pipeline.records import JobSummary, UnitMarker
 from raymt.pipeline.settings import PipelineConfig, PipelineResult
@@ -54,7 +56,8 @@ _AWS_VARS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AW
 def init_ray(**kwargs) -> None:
     """Join ``RAY_ADDRESS`` (or the job's cluster under ``ray job submit``), else start a local one.
 
-    The AWS variables of the driver are passed to every worker, so s3:// works the same in actors.
+    The AWS variables of the driver are passed to every worker, so s3:// works the same in actors
+    (and a fault test's gates, ``pipeline/hold.py``).
     """
     import ray
     from ray.data import DataContext
@@ -63,7 +66,7 @@ def init_ray(**kwargs) -> None:
         logging.getLogger(name).setLevel(level)  # "progress bars disabled", per-dataset INFO lines
     if ray.is_initialized():
         return
-    env = {k: os.environ[k] for k in _AWS_VARS if k in os.environ}
+    env = {k: os.environ[k] for k in _AWS_VARS + GATES if k in os.environ}
     ray.init(runtime_env={"env_vars": env} if env else None, **kwargs)
 
 
@@ -77,7 +80,7 @@ def _decoder_pool(cfg: PipelineConfig, cluster_cpus: float, cluster_gpus: float)
 
 
 def plan_record(cfg: PipelineConfig, plan: Plan) -> PlanRecord:
-    model = model_files(cfg.decoder.model) + ([file_version(cfg.decoder.shortlist)] if cfg.decoder.shortlist else [])
+    model = model_files(cfg.decoder.model) + (model_files(cfg.decoder.shortlist) if cfg.decoder.shortlist else [])
     columns = {k: v for k, v in asdict(cfg.columns).items()  # earlier plans lack these at their defaults
                if (k, v) not in (("tsv_column", 1), ("source_lang", None), ("target_lang", None))}
     return PlanRecord(inputs=plan.versions, columns=columns,  # the versions the units are pinned to
@@ -85,22 +88,35 @@ def plan_record(cfg: PipelineConfig, plan: Plan) -> PlanRecord:
                       signature=cfg.decoder.signature, model=tuple(model))
 
 
+def plan_refusal(store: OutputStore, record: PlanRecord, restart: bool) -> PlanMismatch | None:
+    """Why a job of ``record`` may not write the output as it is (None: it may). It only reads, so a
+    job is refused before it takes the output's lease, and leaves no file behind."""
+    if restart:
+        return None
+    earlier = store.read_plan()
+    if earlier is None and store.has_output():
+        return PlanMismatch(f"{store.url} holds output without a plan record (_PLAN.json): written by an older raymt "
+                            f"or another tool, so its units cannot be checked. Write to another --output, or pass "
+                            f"--restart to translate afresh (it removes only the files raymt's records name; "
+                            f"others are kept).")
+    if earlier is not None and earlier.digest != record.digest:
+        changes = "\n  - ".join(record.differences(earlier))
+        return PlanMismatch(f"{store.url} was started by another plan, and resuming would mix the two:\n  - {changes}\n"
+                            f"Rerun with the original options and input, write to another --output, or pass --restart "
+                            f"to discard it and translate afresh.")
+    return None
+
+
 def claim(store: OutputStore, record: PlanRecord, restart: bool) -> None:
-    """Record the plan in the output, or check it equals the recorded one; ``restart`` discards a different one."""
+    """Record the plan in the output, or check it equals the recorded one (``PlanMismatch``, before
+    anything is written); ``restart`` discards the output's own files (``OutputStore.clear``) first."""
+    if (refused := plan_refusal(store, record, restart)) is not None:
+        raise refused
     earlier = store.read_plan()
     if restart and (earlier is not None or store.has_output()):
         logger.warning("--restart: discarding the output at %s", store.url)
         store.clear()
         earlier = None
-    elif earlier is None and store.has_output():
-        raise PlanMismatch(f"{store.url} holds output without a plan record (_PLAN.json): written by an older raymt "
-                           f"or another tool, so its units cannot be checked. Write to another --output, or pass "
-                           f"--restart to discard it and translate afresh.")
-    elif earlier is not None and earlier.digest != record.digest:
-        changes = "\n  - ".join(record.differences(earlier))
-        raise PlanMismatch(f"{store.url} was started by another plan, and resuming would mix the two:\n  - {changes}\n"
-                           f"Rerun with the original options and input, write to another --output, or pass --restart "
-                           f"to discard it and translate afresh.")
     if earlier is None:
         store.write_plan(record)
 
@@ -153,15 +169,21 @@ def run_pipeline(cfg: PipelineConfig, finish: Callable[[OutputStore], object] | 
     record = plan_record(cfg, plan)
     check_writable(cfg.decoder.output, cfg.assemble_to)
     probe = OutputStore(cfg.decoder.output)
+    if not cfg.restart and (earlier := probe.read_plan()) is not None and not earlier.pins_content:
+        record = record.without_content()  # recorded by an older version: compared, and resumed, as it was
+    if (refused := plan_refusal(probe, record, cfg.restart)) is not None:
+        raise refused  # before the lease: a refused job leaves no file here (checked again under the lease)
     lease = Lease(probe.fs, probe.root, ttl_s=cfg.lease_ttl_s, url=probe.url)
     try:
         lease.acquire()
     except OSError as e:
         raise stop_for(e, f"taking the output lease in {probe.url}") or e from None
     store = OutputStore(cfg.decoder.output, plan=record.digest, fence=lease.fence)
+    refused = False  # by claim, under the lease (another job recorded a plan meanwhile): nothing written
     try:
         claim(store, record, cfg.restart)
-        result = _run(replace(cfg, decoder=replace(cfg.decoder, plan=record.digest, fence=lease.fence)), plan,
+        pins = model_pins(record.model, cfg.decoder.model)
+        result = _run(replace(cfg, decoder=replace(cfg.decoder, plan=record.digest, fence=lease.fence, model_pins=pins)), plan,
                       store, lease)
         if cfg.assemble_to:
             assemble(store, cfg.assemble_to, fmt)
@@ -169,11 +191,12 @@ def run_pipeline(cfg: PipelineConfig, finish: Callable[[OutputStore], object] | 
             finish(store)
         return result
     except Exception as e:
+        refused = isinstance(e, PlanMismatch)
         if isinstance(stopping_cause(e), LeaseLost) or lease.lost:  # say the lease, not what it broke
             raise LeaseLost(lease.lost or str(stopping_cause(e))) from None
         raise
     finally:
-        lease.release()
+        lease.release(discard=refused)  # a job that wrote nothing leaves no lease files it created
 
 
 def _run(cfg: PipelineConfig, plan: Plan, store: OutputStore, lease: Lease) -> PipelineResult:
@@ -294,10 +317,10 @@ def _decode_on_ray(cfg: PipelineConfig, result: PipelineResult, store: OutputSto
 
 
 def _unreadable_part(unit: WorkUnit, reason: str, signature: str) -> pa.Table:
-    """Rows of a unit that failed every attempt: ids as far as known (row numbers), status ``unreadable``."""
+    """Rows of a unit that failed every attempt: ids as far as known (``formats.unread_ids``), status ``unreadable``."""
     n = unit.stop - unit.start
     rows = list(range(unit.offset, unit.offset + n))
-    return output_table([str(r) for r in rows] if unit.id_column is None else [None] * n, rows, [None] * n, [""] * n, [0.0] * n,
+    return output_table(unread_ids(unit.path, unit.id_column, rows), rows, [None] * n, [""] * n, [0.0] * n,
                         [[]] * n, ["unreadable"] * n, [f"unit {unit.name} could not be read: {reason}"] * n, signature)
 
 

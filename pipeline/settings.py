@@ -41,6 +41,7 @@ class DecoderSettings:
     parts: PartColumns = PartColumns()
     plan: str | None = None  # the output's plan digest (pipeline/ledger.py): the unit files it commits carry it
     fence: Fence | None = None  # the job's hold on the output's lease (pipeline/lease.py): every commit passes it
+    model_pins: tuple[tuple[str, str], ...] = ()  # (file name, SHA-256) of the model files the plan recorded
     slice_s: float = 2.0  # stats over time: one slice of the live counters every this many seconds
     source_lang: str | None = None  # M2M100 / NLLB: the source language code (``deu_Latn``, ``de``)
     target_lang: str | None = None  # M2M100 / NLLB: the target language, forced as each translation's first token

@@ -24,6 +24,8 @@ e.g. distillation's, kept after them), so parts from different files always conc
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
@@ -38,7 +40,7 @@ from raymt.pipeline.formats import OutputFormat, output_format
 from raymt.pipeline.lease import LEASE, LOCK, Fence
 from raymt.pipeline.ledger import PLAN, PlanRecord
 from raymt.pipeline.records import JobSummary, UnitMarker
-from raymt.pipeline.storage import open_whole, put_whole, retrying, storage_options
+from raymt.pipeline.storage import on_disk, open_whole, put_whole, retrying, storage_options
 from raymt.pipeline.writers import lines_of
 
 OUTPUT_SCHEMA = pa.schema([
@@ -52,6 +54,7 @@ OUTPUT_SCHEMA = pa.schema([
     ("reason", pa.string()),
     ("signature", pa.string()),
 ])
+logger = logging.getLogger(__name__)
 
 
 class OutputStore:
@@ -72,9 +75,11 @@ class OutputStore:
         """The context every write's last step and every deletion runs in (the fence, if any)."""
         return self.fence.guard(self.fs) if self.fence is not None else contextlib.nullcontext()
 
-    def _rm(self, path: str, recursive: bool = False) -> None:
-        with self.guard():
-            self.fs.rm(path, recursive=recursive)
+    def _rm_all(self, paths: list[str], batch: int = 1000) -> None:
+        """Delete ``paths`` (files), ``batch`` at a time (one request on object stores), each batch under the fence."""
+        for i in range(0, len(paths), batch):
+            with self.guard():
+                self.fs.rm(paths[i:i + batch])
 
     @property
     def tag(self) -> str:
@@ -109,19 +114,26 @@ class OutputStore:
         self._put(self._path("_manifest", f"{unit}{self.tag}.json"), marker.to_json())
 
     def prune(self) -> int:
-        """Remove parts, stats and markers of other plans (a killed job's late commits); how many."""
-        gone = 0
-        for folder, prefix, suffix in (("", "part-", ".parquet"), ("_stats", "", ".parquet"), ("_manifest", "", ".json")):
-            path = self._path(folder) if folder else self.root
-            self.fs.invalidate_cache(path)
-            if not self.fs.exists(path):
-                continue
-            for p in self.fs.ls(path, detail=False):
-                name = p.rsplit("/", 1)[-1]
-                if name.startswith(prefix) and name.endswith(suffix) and not name.endswith(f"{self.tag}{suffix}"):
-                    self._rm(p)
-                    gone += 1
-        return gone
+        """Remove the markers of other plans (a killed job's late commits) and the part and stats each
+        names; how many files. A part or stats file no marker names is left: it is never counted."""
+        stems = [s for s in self._marker_stems() if not self.tag or not s.endswith(self.tag)]
+        if not stems:
+            return 0
+        names = {"": {f"part-{s}.parquet" for s in stems}, "_stats": {f"{s}.parquet" for s in stems},
+                 "_manifest": {f"{s}.json" for s in stems}}
+        gone = [p for folder, own in names.items() for p in self._listed(folder) if p.rsplit("/", 1)[-1] in own]
+        self._rm_all(sorted(gone, key=lambda p: "/_manifest/" not in p))  # markers first: a unit stops counting
+        return len(gone)
+
+    def _listed(self, folder: str) -> list[str]:
+        """Paths of the entries of ``folder`` under the output ("": the output itself), fresh."""
+        path = self._path(folder) if folder else self.root
+        self.fs.invalidate_cache(path)
+        return self.fs.ls(path, detail=False) if self.fs.exists(path) else []
+
+    def _marker_stems(self) -> list[str]:
+        """Names (less ``.json``) of every marker in ``_manifest/``, of any plan: ``<unit><plan tag>``."""
+        return [p.rsplit("/", 1)[-1][:-5] for p in self._listed("_manifest") if p.endswith(".json")]
 
     def _put(self, path: str, data: bytes) -> None:
         try:
@@ -134,30 +146,64 @@ class OutputStore:
     def read_plan(self) -> PlanRecord | None:
         try:
             return PlanRecord.from_json(self.fs.cat_file(self._path(PLAN)))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # (a file where the output's folder would be: refused later)
             return None
 
     def write_plan(self, plan: PlanRecord) -> None:
         self._put(self._path(PLAN), plan.to_json())
 
     def has_output(self) -> bool:
-        """Whether anything of a job is here already (a marker, a part, a plan or a success marker)."""
+        """Whether anything of a job is here already (a marker, a part, a plan or a success marker); a
+        file named like a part counts, so an output nobody recorded is refused, never taken over."""
         if not self.fs.exists(self.root):
             return False
         names = [p.rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)]
         return any(n in (PLAN, "_SUCCESS", "_manifest") or n.startswith("part-") for n in names)
 
-    def clear(self) -> None:
-        """Remove this output's own files (parts, markers, stats, plan, success), nothing else."""
-        if not self.fs.exists(self.root):
+    def clear(self) -> list[str]:
+        """Remove the files this output's own records name, nothing else (``--restart``); return the
+        paths of the files left (a user's notes, a part no record names), and log them.
+
+        Named are: ``_SUCCESS``; every marker in ``_manifest/`` and the part, stats file and distilled
+        part it names; parts and stats files carrying the recorded plan's digest (or this store's), a
+        unit's files written before its marker; ``distilled/_SUMMARY.json``; ``_PLAN.json`` (last);
+        and the temporary files of interrupted writes of those. The lease files stay."""
+        recorded = self.read_plan()
+        tags = tuple(f"-{d[:8]}" for d in {recorded.digest if recorded else "", self._plan or ""} if d)
+        tagged = tuple(f"{t}.parquet" for t in tags)
+        stems = set(self._marker_stems())
+        named = {f"{s}.parquet" for s in stems}
+        distilled = {f"part-{_unit_of(s, tags)}.parquet" for s in stems} | {"_SUMMARY.json"}
+        folders = {"": lambda n: n in (PLAN, "_SUCCESS") or n[5:] in named and n.startswith("part-")
+                   or n.startswith("part-") and n.endswith(tagged) or bool(_PROBE.match(n)),
+                   "_manifest": lambda n: n.endswith(".json"),
+                   "_stats": lambda n: n in named or n.endswith(tagged),
+                   "distilled": lambda n: n in distilled}
+        ours, left = [], []
+        for folder, own in folders.items():
+            for p in self._listed(folder):
+                name = p.rsplit("/", 1)[-1]
+                if own(name) or (tmp := _TMP.match(name)) is not None and own(tmp["name"]):
+                    ours.append(p)
+                elif not (folder == "" and (name in folders or name.startswith(LOCK) or name == LEASE)):
+                    left.append(p)
+        self._rm_all(sorted(ours, key=_deletion_order))
+        self._rmdir_empty([self._path(f) for f in folders if f])
+        if left:
+            names = sorted(p[len(self.root.rstrip("/")) + 1:] for p in left)
+            logger.warning("kept %d file(s) in %s that no record of this output names (not written by raymt, or by "
+                           "a job whose plan is no longer recorded): %s", len(left), self.url,
+                           ", ".join(names[:10]) + (" ..." if len(names) > 10 else ""))
+        return left
+
+    def _rmdir_empty(self, folders: list[str]) -> None:
+        """Remove the folders left empty (local disk; an object store has no folders)."""
+        if not on_disk(self.fs):
             return
-        for p in self.fs.ls(self.root, detail=False):
-            name = p.rsplit("/", 1)[-1]
-            if name in ("_manifest", "_stats", "distilled"):
-                self._rm(p, recursive=True)
-            elif name in (PLAN, "_SUCCESS") or (name.startswith("part-") and name.endswith(".parquet")) \
-                    or name.endswith(".tmp") and name not in (LEASE, LOCK):
-                self._rm(p)
+        for path in folders:
+            if self.fs.isdir(path) and not self.fs.ls(path, detail=False):
+                with self.guard():
+                    self.fs.rmdir(path)
 
     def markers(self) -> list[UnitMarker]:
         """The committed units' markers, by unit name (markers of earlier versions read too)."""
@@ -221,6 +267,25 @@ class OutputStore:
         path = self._path("_SUCCESS")
         self.fs.invalidate_cache(path)
         return JobSummary.from_json(self.fs.cat_file(path)) if self.fs.exists(path) else None
+
+
+_TMP = re.compile(r"^(?P<name>.+)\.[0-9a-f]{32}\.tmp$")  # a temporary name of put_whole / open_whole
+_PROBE = re.compile(r"^_WRITABLE-[0-9a-f]{32}\.tmp$")  # the writability probe of pipeline/guards.py
+
+
+def _unit_of(stem: str, tags: tuple[str, ...]) -> str:
+    """The unit a marker names (its name less ``.json``, less its plan digest: recorded, or any)."""
+    for tag in tags:
+        if stem.endswith(tag):
+            return stem[:-len(tag)]
+    return re.sub(r"-[0-9a-f]{8}$", "", stem)
+
+
+def _deletion_order(path: str) -> int:
+    """``_SUCCESS`` first (the output is no longer whole), then the markers (units stop counting),
+    then the files they name, the plan record last."""
+    name = path.rsplit("/", 1)[-1]
+    return 0 if name == "_SUCCESS" else 1 if "/_manifest/" in path else 3 if name == PLAN else 2
 
 
 def output_table(ids: list[str | None], rows: list[int], sources: list, translations: list[str], scores: list[float],

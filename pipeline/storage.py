@@ -5,6 +5,7 @@ S3 endpoint, credentials and region come from the usual AWS environment variable
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -32,11 +33,31 @@ def storage_options(url: str) -> dict:
     return {}
 
 
-def model_reader(url: str) -> Callable[[str], bytes | None]:
+class ModelChanged(JobStopped):
+    """A model file read by a decoder is not the one the job's plan recorded."""
+
+
+def model_reader(url: str, pins: tuple[tuple[str, str], ...] = ()) -> Callable[[str], bytes | None]:
     """A ``reader(name) -> bytes | None`` over the checkpoint at ``url`` (for raymt.workers.checkpoint): an HF
-    directory as it is, a Marian .npz directory served as one (``raymt.workers.model_formats.open_model``)."""
+    directory as it is, a Marian .npz directory served as one (``raymt.workers.model_formats.open_model``).
+    ``pins`` are (file name, SHA-256) pairs: a file read whose bytes hash otherwise stops the job
+    (``ModelChanged``), so no decoder ever loads a model other than the one the plan recorded."""
     from raymt.workers.model_formats import open_model  # (torch: only where a model is read)
-    return open_model(directory_reader(url), url)
+    return open_model(_pinned(directory_reader(url), url, dict(pins)), url)
+
+
+def _pinned(read: Callable[[str], bytes | None], url: str, pins: dict[str, str]) -> Callable[[str], bytes | None]:
+    if not pins:
+        return read
+
+    def checked(name: str) -> bytes | None:
+        data = read(name)
+        if name in pins and (data is None or hashlib.sha256(data).hexdigest() != pins[name]):
+            raise ModelChanged(f"model file {url.rstrip('/')}/{name} changed since the job planned it (its content "
+                               f"differs from the plan's, though its size and time may not): decoding on would mix two "
+                               f"models in one output. Restore the file, or rerun with --restart to translate afresh")
+        return data
+    return checked
 
 
 def directory_reader(url: str) -> Callable[[str], bytes | None]:

@@ -48,9 +48,9 @@ def stream_kind(url: str) -> str:
     if url == STDIO:
         return "text"
     kind = input_kind(url)
-    if kind == "parquet":
-        raise InputError(f"{url}: a Parquet input is translated by the job, not as a stream; name an --output file "
-                         f"or directory instead of '-'")
+    if kind in ("parquet", "csv"):
+        raise InputError(f"{url}: a {'Parquet' if kind == 'parquet' else 'CSV'} input is translated by the job, not "
+                         f"as a stream; name an --output file or directory instead of '-'")
     return kind
 
 
@@ -75,7 +75,8 @@ class StreamTranslator:
         self.translator = Translator.load(model_reader(settings.model), threads=settings.threads or os.cpu_count(),
                                           max_batch_size=settings.max_batch_size, speedups=settings.speedups,
                                           device=resolve_device(settings.device))
-        self.encoder = EncoderWorker(self.translator, columns, settings.source_lang, settings.target_lang)
+        self.encoder = EncoderWorker(self.translator, columns, settings.source_lang, settings.target_lang,
+                                     settings.decode.max_row_chars)
         if not columns.target_lang:  # (a missing or unknown language: one line, here)
             self.translator.forced_first(settings.target_lang, 1)
         self.shortlist = None

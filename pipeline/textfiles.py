@@ -15,8 +15,10 @@ stream (or recompressing into seekable frames) would remove it, and is not neede
 """
 from __future__ import annotations
 
+import hashlib
 import io
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import IO, Iterator
 
 import fsspec
@@ -71,7 +73,7 @@ def check_text(url: str) -> None:
         raise UnreadableText(reason)
 
 
-def _lines(data: bytes, first: bool) -> list[bytes]:
+def split_lines(data: bytes, first: bool) -> list[bytes]:
     if first and data.startswith(UTF8_BOM):  # a UTF-8 byte-order mark is not text of the first line
         data = data[len(UTF8_BOM):]
     lines = data.split(b"\n")
@@ -83,18 +85,27 @@ def _lines(data: bytes, first: bool) -> list[bytes]:
 def read_text_lines(url: str, byte_start: int | None = None, byte_stop: int | None = None) -> list[bytes]:
     """A text file's lines as bytes (decoded later, row by row, so one bad line cannot stop the job);
     only the lines in ``byte_start:byte_stop`` when given (a unit's range from ``text_layout``)."""
+    return split_lines(read_text_bytes(url, byte_start, byte_stop), not byte_start)
+
+
+def read_text_bytes(url: str, byte_start: int | None = None, byte_stop: int | None = None) -> bytes:
+    """A plain text file's bytes, or only ``byte_start:byte_stop`` (a unit's own range)."""
     with open_lines(url) as f:
         if byte_start is None:
-            data = f.read()
-        else:
-            f.seek(byte_start)
-            data = f.read(byte_stop - byte_start)
-    return _lines(data, not byte_start)
+            return f.read()
+        f.seek(byte_start)
+        return f.read(byte_stop - byte_start)
 
 
 def read_line_range(url: str, start: int, stop: int) -> list[bytes]:
     """Lines ``start:stop`` of a (compressed) file, by decompressing from its start and skipping the
     lines before ``start``: only the unit's own lines are kept."""
+    return split_lines(read_line_bytes(url, start, stop), start == 0)[:stop - start]
+
+
+def read_line_bytes(url: str, start: int, stop: int) -> bytes:
+    """The (decompressed) bytes of lines ``start:stop``, exactly: from the first byte of line
+    ``start`` to the newline ending line ``stop - 1`` (or the end of the stream)."""
     want, skipped, kept, data = stop - start, 0, 0, bytearray()
     with open_lines(url) as f:
         while kept < want and (chunk := f.read(TEXT_CHUNK)):
@@ -108,31 +119,58 @@ def read_line_range(url: str, start: int, stop: int) -> list[bytes]:
                 skipped = start
             data += chunk
             kept += chunk.count(b"\n")
-    return _lines(bytes(data), start == 0)[:want]
+    if kept > want:  # cut after the unit's last newline
+        ends = np.flatnonzero(np.frombuffer(bytes(data), np.uint8) == ord("\n"))  # (N,) newline positions
+        del data[ends[want - 1] + 1:]
+    return bytes(data)
 
 
-def text_layout(url: str, unit_rows: int | None) -> tuple[int, list[int] | None]:
+def unit_checksum(data: bytes) -> str:
+    """The checksum a unit's bytes are pinned by (SHA-256, 128 bits as hex)."""
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class TextLayout:
+    """A line file as planned: its rows and, cut into units of ``unit_rows``, where each unit's bytes
+    start (plain files; plus the file's end) and each unit's checksum (of its decompressed bytes)."""
+
+    rows: int
+    starts: list[int] | None = None
+    checksums: list[str] | None = None
+
+
+def text_layout(url: str, unit_rows: int | None) -> TextLayout:
     """A text file's rows (lines; a last line without its newline counts) read in one streaming pass,
     and with ``unit_rows`` the byte offset where every unit of that many rows starts, plus the file's
-    end: unit k is ``bytes[starts[k]:starts[k + 1]]``. A corpus of 10^8 lines is planned in
-    constant memory and each unit later reads only its own bytes, not the whole file. A compressed
-    file is only counted (its units are line ranges: ``read_line_range``)."""
-    if compression_of(url):
-        unit_rows = None
+    end: unit k is ``bytes[starts[k]:starts[k + 1]]``, and its checksum is that range's. A corpus of
+    10^8 lines is planned in constant memory and each unit later reads only its own bytes, not the
+    whole file. A compressed file's units are line ranges (``read_line_range``): its checksums are
+    of the decompressed ranges, and no byte offsets are kept."""
     rows, size, last = 0, 0, b"\n"
-    starts = [0] if unit_rows else None
+    starts, sums, digest = ([0], [], hashlib.sha256()) if unit_rows else (None, None, None)
     with open_lines(url) as f:
         while chunk := f.read(TEXT_CHUNK):
             if unit_rows:
                 ends = np.flatnonzero(np.frombuffer(chunk, np.uint8) == ord("\n"))  # (N,) newline positions
                 lines_done = rows + 1 + np.arange(len(ends))  # lines complete after each newline
-                starts.extend((size + 1 + ends[lines_done % unit_rows == 0]).tolist())
+                cuts = (1 + ends[lines_done % unit_rows == 0]).tolist()  # unit starts inside this chunk
+                at = 0
+                for cut in cuts:  # each closes the unit before it
+                    digest.update(chunk[at:cut])
+                    sums.append(digest.hexdigest()[:32])
+                    digest, at = hashlib.sha256(), cut
+                digest.update(chunk[at:])
+                starts.extend(size + c for c in cuts)
                 rows += len(ends)
             else:
                 rows += chunk.count(b"\n")
             size, last = size + len(chunk), chunk[-1:]
     if last != b"\n":
         rows += 1  # a last line without a newline
-    if starts is not None:
-        starts = starts[:-(-rows // unit_rows)] + [size]  # a start at the very end (a final newline) holds no row
-    return rows, starts
+    if not unit_rows:
+        return TextLayout(rows)
+    units = -(-rows // unit_rows)
+    sums = (sums + [digest.hexdigest()[:32]])[:units]  # a start at the very end (a final newline) holds no row
+    starts = None if compression_of(url) else starts[:units] + [size]
+    return TextLayout(rows, starts, sums)

@@ -7,10 +7,19 @@ corpus of millions of lines reads kilobytes. Line files (text, TSV, JSON lines) 
 in chunks, for their line count and each unit's byte range, so a unit reads its own bytes, never the
 whole file (it did: a 200 MB file of 2 million lines took 2.5 s and 484 MB per 2500-row unit, now
 5 ms and 1 MB); compressed ones are planned by line ranges (``pipeline/textfiles.py``). A TSV or
-JSONL line that cannot be parsed is a row with status ``invalid`` (``pipeline/formats.py``).
-Ids are strings, one type for the whole job: an id column's values as text (int ids too), and rows
-without an id column get their global row number as text; every output row also carries ``row``
+JSONL line that cannot be parsed is a row with status ``invalid`` (``pipeline/formats.py``). CSV
+files are planned and read by records (``pipeline/csvfiles.py``).
+Ids are strings, one type for the whole job: an id column's values as text (int ids too); rows of an
+input without ids (text, TSV, Parquet or CSV without an id column) get their global row number as
+text, and a row of an input with ids that lacks its own (a JSON line without the id field or not
+parsable, a null Parquet cell, an empty CSV cell) gets ``row:<n>``, n its global row number
+(``formats.missing_id``), a form no numeric id takes; every output row also carries ``row``
 (its global position), so input order is restorable.
+
+Every unit is pinned to what the plan read: the file's size and version (mtime or ETag), checked
+before and after a read, and the checksum of its content (``WorkUnit.checksum``: a line unit's
+bytes, hashed in the planning pass; a Parquet file's footer), checked on the bytes it reads, so a
+rewrite that keeps size and mtime stops the job naming the unit (``InputChanged``).
 
 Checks made here, before any actor starts: every file's footer is readable (else
 :class:`CorruptInput` naming the file, or the file is skipped and reported when asked), the text
@@ -28,19 +37,18 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raymt.pipeline.errors import JobStopped
+from raymt.pipeline.errors import InputError, JobStopped
+from raymt.pipeline.listing import check_apart, list_inputs  # noqa: F401 - (check_apart: re-exported)
 from raymt.pipeline.ledger import file_version
-from raymt.pipeline.formats import ParsedRow, compression_of, input_kind, is_input_file, parse_jsonl, parse_tsv
+from raymt.pipeline.formats import (ParsedRow, compression_of, input_kind, missing_id, parse_jsonl,
+                                    parse_tsv)
 from raymt.pipeline.storage import storage_options
-from raymt.pipeline.textfiles import (TEXT_CHUNK, UnreadableText, check_text, read_line_range,  # noqa: F401
-                                      read_text_lines, text_layout)
+from raymt.pipeline.textfiles import (TEXT_CHUNK, TextLayout, UnreadableText, check_text, read_line_bytes,  # noqa: F401
+                                      read_line_range, read_text_bytes, read_text_lines, split_lines, text_layout,
+                                      unit_checksum)
 
 logger = logging.getLogger(__name__)
 
-
-
-class InputError(ValueError):
-    """The input cannot be translated as asked (missing / mistyped column); raised before any work."""
 
 
 class CorruptInput(InputError):
@@ -73,6 +81,7 @@ class WorkUnit:
     byte_stop: int | None = None
     size: int | None = None  # the file's size and version (mtime or ETag) when planned: checked at every read
     version: str | None = None
+    checksum: str | None = None  # of the unit's bytes (line files) or the file's footer (Parquet): checked at every read
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,42 +92,6 @@ class Plan:
     files: tuple[str, ...] = ()  # every input file, in order (zero-row and skipped ones too)
     unit_rows: int = 0  # rows per unit it was cut into
     versions: tuple[dict, ...] = ()  # ``file_version`` of every file, as planned (the plan record's)
-
-
-def list_inputs(url: str) -> list[str]:
-    """A file, or every ``.parquet`` and ``.txt`` / ``.tsv`` / ``.jsonl`` (plain or compressed) file under a
-    directory (sorted), as fsspec URLs.
-    Hidden and ``_`` paths under a directory (``.crc``, ``_SUCCESS``, ``_manifest/``) are not input;
-    any other file is refused by name, never skipped without a word."""
-    fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
-    if fs.isdir(path):
-        root = path.rstrip("/") + "/"
-        visible = [p for p in sorted(fs.find(path))
-                   if not any(part.startswith(("_", ".")) for part in p[len(root):].split("/"))]
-        files = [p for p in visible if is_input_file(p)]
-        if others := [p for p in visible if not is_input_file(p)]:
-            raise InputError(f"{url}: a directory input is read for its .parquet, .txt, .tsv and .jsonl files (plain "
-                             f"or .gz / .bz2 / .xz / .zst), and it also holds "
-                             f"{len(others)} other file(s), which would not be translated: "
-                             f"{', '.join(others[:5])}{' ...' if len(others) > 5 else ''}; move them out (hidden and "
-                             f"_ files are ignored) or name the files to translate")
-        if not files:
-            raise InputError(f"{url}: a directory with no .parquet, .txt, .tsv or .jsonl files")
-    elif fs.exists(path):
-        files = [path]
-    else:
-        raise InputError(f"{url}: no such file or directory")
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return [p if protocol in ("file", "local") else f"{protocol}://{p}" for p in files]
-
-
-def check_apart(input_url: str, output_url: str) -> None:
-    """Refuse an output inside the input directory: a rerun would read the job's own parts as input."""
-    fs, inp = fsspec.core.url_to_fs(input_url, **storage_options(input_url))
-    out_fs, out = fsspec.core.url_to_fs(output_url, **storage_options(output_url))
-    if type(fs) is type(out_fs) and fs.isdir(inp) and (out.rstrip("/") + "/").startswith(inp.rstrip("/") + "/"):
-        raise InputError(f"--output {output_url} is inside the --input directory {input_url}: its parts would be "
-                         f"read as input; write the output elsewhere")
 
 
 MIN_UNIT_ROWS = 100  # below this a unit's commit and start cost more than spreading it earns
@@ -150,21 +123,22 @@ def plan_units(url: str, columns: Columns, unit_rows: int | Callable[[int], int]
     if not callable(unit_rows) and unit_rows < 1:
         raise ValueError("unit_rows must be >= 1")
     files = list_inputs(url)
-    found, skipped = [], []  # (file index, path, rows, id column, byte offsets of unit starts or None)
+    found, skipped = [], []  # (file index, path, rows, id column, TextLayout or the footer's checksum)
     known = None if callable(unit_rows) else unit_rows  # text files are cut as they are counted when known
     versions = [file_version(path) for path in files]  # before reading: a file changed meanwhile is refused below
     for index, path in enumerate(files):
+        if input_kind(path) == "csv":  # records, not lines: a quoted field may hold newlines
+            from raymt.pipeline.csvfiles import plan_csv  # (it builds on this module)
+            rows, id_column, layout = plan_csv(path, columns, known)
+            found.append((index, path, rows, id_column, layout))
+            continue
         if input_kind(path) != "parquet":
             check_line_columns(path, columns)
-            try:
-                check_text(path)
-                rows, starts = text_layout(path, known)
-            except UnreadableText as e:
-                raise InputError(str(e)) from None
-            found.append((index, path, rows, None, starts))
+            layout = _text_layout(path, known)
+            found.append((index, path, layout.rows, None, layout))
             continue
         try:
-            schema, rows = _footer(path)
+            schema, rows, footer = _footer(path)
         except Exception as e:  # noqa: BLE001 - any unreadable footer is a corrupt file
             if not skip_corrupt:
                 raise CorruptInput(f"{path}: not a readable Parquet file ({e})") from e
@@ -172,25 +146,45 @@ def plan_units(url: str, columns: Columns, unit_rows: int | Callable[[int], int]
             skipped.append((path, str(e)))
             continue
         id_column = check_schema(path, schema, columns)
-        found.append((index, path, rows, id_column, None))
+        found.append((index, path, rows, id_column, footer))
     total = sum(f[2] for f in found)
     size = unit_rows(total) if callable(unit_rows) else unit_rows
     if size < 1:
         raise ValueError("unit_rows must be >= 1")
     units, offset = [], 0
-    for index, path, rows, id_column, starts in found:
-        if input_kind(path) != "parquet" and known is None and not compression_of(path):
-            starts = text_layout(path, size)[1]  # a second pass: the size depended on every file's rows
+    for index, path, rows, id_column, layout in found:
+        if isinstance(layout, TextLayout) and layout.checksums is None:
+            layout = _second_layout(path, size)  # a second pass: the size depended on every file's rows
         pin = versions[index]
+        sums = layout.checksums if isinstance(layout, TextLayout) else None
+        pin["content"] = unit_checksum("".join(sums).encode()) if sums is not None else layout
         for k, start in enumerate(range(0, rows, size)):
             stop = min(start + size, rows)
+            starts = layout.starts if isinstance(layout, TextLayout) else None
             span = (starts[k], starts[k + 1]) if starts is not None else (None, None)
             units.append(WorkUnit(f"{index:05d}-{start:010d}", path, start, stop, offset + start, id_column, *span,
-                                  size=pin["size"], version=pin["version"]))
+                                  size=pin["size"], version=pin["version"],
+                                  checksum=sums[k] if sums is not None else layout))
         offset += rows
     for before, path in zip(versions, files):
         check_pinned(path, before["size"], before["version"], "while it was being planned")
     return Plan(tuple(units), offset, tuple(skipped), tuple(files), unit_rows=size, versions=tuple(versions))
+
+
+def _second_layout(path: str, unit_rows: int) -> TextLayout:
+    """A line or CSV file's layout once the unit size is known."""
+    if input_kind(path) == "csv":
+        from raymt.pipeline.csvfiles import csv_layout
+        return csv_layout(path, unit_rows)
+    return _text_layout(path, unit_rows)
+
+
+def _text_layout(path: str, unit_rows: int | None) -> TextLayout:
+    try:
+        check_text(path)
+        return text_layout(path, unit_rows)
+    except UnreadableText as e:
+        raise InputError(str(e)) from None
 
 
 def check_line_columns(path: str, columns: Columns) -> None:
@@ -223,10 +217,21 @@ def check_pinned(path: str, size: int | None, version: str | None, when: str = "
                            f"with --restart to translate the new input afresh")
 
 
-def _footer(path: str) -> tuple[pa.Schema, int]:
+def _footer(path: str) -> tuple[pa.Schema, int, str]:
+    """The schema, rows and footer checksum of a Parquet file."""
     with fsspec.open(path, "rb", **storage_options(path)) as f:
         meta = pq.ParquetFile(f).metadata
-        return meta.schema.to_arrow_schema(), meta.num_rows
+        return meta.schema.to_arrow_schema(), meta.num_rows, footer_checksum(f)
+
+
+def footer_checksum(f) -> str:
+    """The checksum of a Parquet file's footer (its metadata: every row group's column chunks, their
+    offsets, sizes and statistics), read from the open file ``f``: a rewritten file has another."""
+    f.seek(-8, 2)
+    tail = f.read(8)  # (4-byte little-endian footer length, b"PAR1")
+    length = int.from_bytes(tail[:4], "little")
+    f.seek(-8 - length, 2)
+    return unit_checksum(f.read(length) + tail)
 
 
 def check_schema(path: str, schema: pa.Schema, columns: Columns) -> str | None:
@@ -275,6 +280,7 @@ def read_parquet_rows(unit: WorkUnit, pick: Callable[[list[str]], list[str]]) ->
     """A Parquet unit's rows (only the row groups that hold them are read), of the columns ``pick``
     chooses from the file's names; None when it chooses none."""
     with fsspec.open(unit.path, "rb", **storage_options(unit.path)) as f:
+        check_content(unit, footer_checksum(f))
         pf = pq.ParquetFile(f)
         names = pick(pf.schema_arrow.names)
         if not names:
@@ -292,14 +298,17 @@ def read_parquet_rows(unit: WorkUnit, pick: Callable[[list[str]], list[str]]) ->
 
 def _read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
     rows = list(range(unit.offset, unit.offset + unit.stop - unit.start))
+    if input_kind(unit.path) == "csv":
+        from raymt.pipeline.csvfiles import read_csv_unit
+        return read_csv_unit(unit, columns, rows)
     if input_kind(unit.path) != "parquet":
         return line_rows(unit, columns, read_unit_lines(unit), rows)
     wanted = [c for c in (columns.text, unit.id_column, columns.reference) if c]
     langs = [c for c in (columns.source_lang, columns.target_lang) if c]  # optional: read where the file has them
     table = read_parquet_rows(unit, lambda names: list(dict.fromkeys(wanted + [c for c in langs if c in names])))
     texts = _cells(table.column(columns.text))
-    ids = [None if x is None else str(x) for x in table.column(unit.id_column).to_pylist()] if unit.id_column \
-        else [str(r) for r in rows]
+    ids = [missing_id(r) if x is None else str(x) for x, r in zip(table.column(unit.id_column).to_pylist(), rows)] \
+        if unit.id_column else [str(r) for r in rows]
     refs = None
     if columns.reference:
         refs = ["" if r is None else str(r) for r in table.column(columns.reference).to_pylist()]
@@ -326,13 +335,24 @@ def _cells(column: pa.ChunkedArray) -> list:
 def read_unit_lines(unit: WorkUnit) -> list[bytes]:
     """A line file's unit: its own bytes (plain), or its line range (compressed); checked against the plan."""
     if compression_of(unit.path):
-        lines = read_line_range(unit.path, unit.start, unit.stop)
+        data, first = read_line_bytes(unit.path, unit.start, unit.stop), unit.start == 0
     else:
-        lines = read_text_lines(unit.path, unit.byte_start, unit.byte_stop)  # its own bytes (plan_units)
+        data, first = read_text_bytes(unit.path, unit.byte_start, unit.byte_stop), not unit.byte_start  # plan_units
+    check_content(unit, unit_checksum(data))
+    lines = split_lines(data, first)
     if len(lines) != unit.stop - unit.start:
         raise InputChanged(f"{unit.path}: rows {unit.start}..{unit.stop} hold {len(lines)} lines where the plan "
                            f"counted {unit.stop - unit.start}: the file changed after planning")
     return lines
+
+
+def check_content(unit: WorkUnit, checksum: str) -> None:
+    """Raise ``InputChanged`` unless what a unit read has the checksum the plan recorded."""
+    if unit.checksum is not None and checksum != unit.checksum:
+        what = "footer" if input_kind(unit.path) == "parquet" else f"rows {unit.start}..{unit.stop}"
+        raise InputChanged(f"input {unit.path} changed since the job planned it (unit {unit.name}: the content of its "
+                           f"{what} differs, though its size and time may not): translating on would mix old and new "
+                           f"text. Restore the file, or rerun with --restart to translate the new input afresh")
 
 
 def line_rows(unit: WorkUnit, columns: Columns, lines: list[bytes], rows: list[int]) -> UnitRows:
@@ -341,7 +361,7 @@ def line_rows(unit: WorkUnit, columns: Columns, lines: list[bytes], rows: list[i
         return UnitRows([str(r) for r in rows], rows, lines, None)
     parsed: list[ParsedRow] = [parse_jsonl(line, columns.text, columns.id) for line in lines] if kind == "jsonl" \
         else [parse_tsv(line, columns.tsv_column) for line in lines]
-    ids = [p.id if p.id is not None else str(r) for p, r in zip(parsed, rows)]
+    ids = [p.id if p.id is not None else missing_id(r) if kind == "jsonl" else str(r) for p, r in zip(parsed, rows)]
     fields = [p.fields for p in parsed] if kind == "jsonl" else None
     objects = [json.loads(f) if f else {} for f in fields] if fields and (columns.source_lang or columns.target_lang) else []
     cells = {name: [o.get(name) for o in objects] for name in (columns.source_lang, columns.target_lang) if name and objects}

@@ -1,5 +1,5 @@
-"""One decode configuration, ``DecodeConfig`` (search, batching, runtime, shortlist), and the one
-table of its defaults, ``DEFAULTS``.
+"""One decode configuration, ``DecodeConfig`` (search, batching, runtime, shortlist, the row
+limit), and the one table of its defaults, ``DEFAULTS``.
 
 The command line (``raymt.jobs.translate``: every flag's default is read from here), the Python API
 (``Translator.load`` / ``Translator.translate``) and the jobs build their decoding from this table,
@@ -13,8 +13,9 @@ from dataclasses import dataclass, replace
 
 from raymt.workers.config import SearchConfig
 from raymt.workers.device import CPU_DEFAULTS, GPU_DEFAULTS
+from raymt.workers.inputs import MAX_ROW_CHARS
 from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig
-from raymt.workers.speedups import EXACT, CpuSpeedups
+from raymt.workers.speedups import EXACT, CpuSpeedups, precision_refusal
 from raymt.workers.static_step import StaticStep
 
 
@@ -66,7 +67,8 @@ class BatchingConfig:
 @dataclass(frozen=True, slots=True)
 class RuntimeConfig:
     """Where and how the model runs: ``device`` auto | cpu | cuda | cuda:N (``workers/device.py``),
-    ``threads`` torch intra-op threads (0: the caller's choice), ``speedups`` the CPU rewrites."""
+    ``threads`` torch intra-op threads (0: the caller's choice), ``speedups`` the CPU rewrites and
+    the precision (int8 with a GPU device is refused: it runs on the CPU only)."""
 
     device: str = "cpu"
     threads: int = 0
@@ -75,6 +77,8 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
+        if why := precision_refusal(self.speedups, self.device):
+            raise ValueError(why)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +89,11 @@ class DecodeConfig:
     batching: BatchingConfig = BatchingConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     shortlist: ShortlistSource | None = None
+    max_row_chars: int = MAX_ROW_CHARS  # a longer row is ``too_long``, not decoded (0: no limit; workers/inputs.py)
+
+    def __post_init__(self) -> None:
+        if self.max_row_chars < 0:
+            raise ValueError(f"max_row_chars must be >= 0 (0: no limit), got {self.max_row_chars}")
 
 
 # The one table of defaults. The command line's streaming knobs (policy, epsilon, capacity unit,

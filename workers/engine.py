@@ -22,9 +22,10 @@ Each step, for the sentences the scheduler planned:
 A sentence's result does not depend on which others share its steps, so every policy returns what
 batch decoding returns (tests/workers/test_engine.py, test_stream.py).
 
-An engine is one decode call: the KV cache, the beam state, the static step's buffers and its
-captured graph belong to the runner (``workers/runner.py``), built once per actor and reused by
-every call; the engine fills its slots.
+An engine is one decode call: the KV cache, the beam state, the static step's buffers, its
+captured graph and the output-head buffers that graph reads belong to the runner
+(``workers/runner.py``), built once per actor and reused by every call; the engine fills its slots
+(and copies its shortlist head into those buffers).
 
 The model interface the engine uses (``MarianModel``; the tests' scripted stub): ``config``,
 ``device``, ``ops``, ``new_cache``, ``encode``, ``cross_kv``, ``output_head`` and ``decode_step``.
@@ -161,7 +162,7 @@ class Engine:
                                capacity=min(schedule.capacity, slots) if sentences else schedule.capacity)
         self.cache, self.state = self.runner.cache, self.runner.state
         self._norm = self.runner.norm(self.search.length_penalty, max(caps) + 2)
-        self._head = self.model.output_head(self.candidates)
+        head = self.model.output_head(self.candidates)
         self._beams = self.runner.beams(k)  # (K,)
         # pinned staging buffers make the step's one host-to-device copy asynchronous on a GPU
         ahead = self.static.readback_every if self.static else 1  # steps the host may run ahead of the device
@@ -174,8 +175,9 @@ class Engine:
                         if self.static else None)
         self._unread = 0  # static steps run since the last readback
         self._in_flight: tuple[HostCopy, list[tuple[int, int]]] | None = None  # late: a readback and its sentences
-        signature = (self.search, self.forced_eos, forcing, None if self.candidates is None else id(self._head))
-        self._graph = self.runner.graph(slots, signature) if self.static else None
+        # a graph reads the runner's head buffers, into which this call's head is copied (``DecodeRunner.graph``)
+        self._graph, self._head = self.runner.graph(slots, (self.search, self.forced_eos, forcing), head) \
+            if self.static else (None, head)
         self._scheduler = Scheduler(schedule, self.stats.scheduler, beam_size=k)
         firsts = forced_first if forcing else [-1] * len(sources)
         requests = {i: Request(i, len(src), max_length=caps[i], forced_first=firsts[i]) for i, src in enumerate(sources)}

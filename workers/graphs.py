@@ -51,9 +51,21 @@ class HostCopy:
 
 def free_memory(device: torch.device) -> int:
     """Bytes free on the CUDA ``device`` (the driver's count: other processes' use included), plus
-    what torch's caching allocator holds but does not use."""
+    what torch's caching allocator holds unused in its default pool. A CUDA graph's private pool is
+    not free: its idle blocks stay reserved for the graph's replays while the graph lives."""
     free, _ = torch.cuda.mem_get_info(device)
-    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    idle = sum(s["total_size"] - s["allocated_size"] for s in torch.cuda.memory_snapshot()
+               if s.get("device", index) == index and tuple(s.get("segment_pool_id", (0, 0))) == (0, 0))
+    return free + idle
+
+
+def release_cached(device: torch.device) -> None:
+    """Hands torch's cached, unused blocks on a CUDA ``device`` back to the driver (the blocks of
+    graphs already dropped included), so the next allocation can use them; nothing elsewhere."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
 
 
 class Staging:
@@ -118,12 +130,16 @@ class CapturedStep:
         return self.output
 
 
+WARMUP_STEPS = 3  # eager steps on the capture stream before the capture (torch's CUDA graph guide warms up 3)
+
+
 class GraphedStep:
-    """The static step as a CUDA graph: the first step runs eagerly on the capture stream (it warms
-    the kernels, cuBLAS and the allocator on the stream the capture then uses, as torch's graph docs
-    ask), the second is captured on that stream and every step after replays it. The captured step
-    reads the runner's persistent tensors only (cache, search state, the static index buffer), so
-    a replay is the step for that step's indices; refills happen between replays. Capture is
+    """The static step as a CUDA graph: the first ``WARMUP_STEPS`` steps run eagerly on the capture
+    stream (they warm the kernels, cuBLAS's workspaces, Triton's compilation and the allocator on
+    the stream the capture then uses, as torch's CUDA graph guide does), the next is captured on
+    that stream and every step after replays it. The captured step reads the runner's persistent
+    tensors only (cache, search state, the static index buffer, the output head's buffers), so a
+    replay is the step for that step's indices; refills happen between replays. Capture is
     thread-local: a Ray actor's other threads may use CUDA meanwhile.
 
     A capture that fails falls back to eager steps with one warning naming the cause; out of
@@ -144,7 +160,7 @@ class GraphedStep:
         self.steps += 1
         if self.eager:
             return step()
-        if self.steps == 1:  # warm-up, on the stream the capture will use
+        if self.steps <= WARMUP_STEPS:  # warm-up, on the stream the capture will use
             return _on_stream(self.stream, step)
         if self.captured is None:
             try:

@@ -10,6 +10,11 @@ Statuses (joined with ``+`` when several apply, e.g. ``normalised+split``):
 * ``split``       longer than the model's positions: cut into sentences (an over-long sentence at
                   spaces, a word by characters), each translated, the translations joined with a
                   space. Nothing is dropped.
+* ``too_long``    more characters than the row limit (``--max-row-chars``, ``MAX_ROW_CHARS`` by
+                  default; 0: none): empty translation, the model is not run, the reason gives the
+                  row's length. A row that long is a document or a data blob, not a sentence or a
+                  paragraph: decoding it would hold its decoder for minutes to hours (a line of
+                  megabytes: hours); raise the limit to translate it anyway.
 
 Pure functions: no model, no IO. ``token_count`` is the tokenizer's length of a text (EOS included).
 """
@@ -20,7 +25,12 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Callable
 
-OK, NULL, EMPTY, NORMALISED, SPLIT = "ok", "null", "empty", "normalised", "split"
+OK, NULL, EMPTY, NORMALISED, SPLIT, TOO_LONG = "ok", "null", "empty", "normalised", "split", "too_long"
+# Characters a row may hold and still be translated: a long paragraph (1,000-5,000 characters, a
+# few hundred to a thousand tokens) passes with room to spare; 20,000 characters (about 4,400
+# tokens of German prose) decode in 8 s with the demo model on one core, a full-size model several
+# times that; 200,000 took 51 s with the demo model: past the limit a row holds its decoder minutes.
+MAX_ROW_CHARS = 20_000
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
 _SPACE_LIKE = {"\t", "\n", "\r", "\x0b", "\x0c", "\x85", "\u2028", "\u2029"}
 
@@ -43,19 +53,31 @@ class CleanText:
 
     @property
     def translatable(self) -> bool:
-        return not ({NULL, EMPTY} & set(self.statuses))
+        return not ({NULL, EMPTY, TOO_LONG} & set(self.statuses))
 
 
-def clean_text(value: str | bytes | None) -> CleanText:
-    """One input cell -> CleanText. ``bytes`` are decoded as UTF-8 with replacement."""
+def too_long(text: str, max_chars: int) -> str | None:
+    """Why ``text`` is over the row limit ``max_chars`` (0: no limit), or None."""
+    if max_chars and len(text) > max_chars and text.strip():
+        return f"{len(text)} characters, more than --max-row-chars {max_chars}"
+    return None
+
+
+def clean_text(value: str | bytes | None, max_chars: int = 0) -> CleanText:
+    """One input cell -> CleanText. ``bytes`` are decoded as UTF-8 with replacement. A text over
+    ``max_chars`` characters (0: no limit) is ``too_long``, checked before any other work on it."""
     if value is None:
         return CleanText("", (NULL,), ("text is null",))
     statuses, reasons = [], []
     if isinstance(value, bytes):
         text = value.decode("utf-8", errors="replace")
+        if reason := too_long(text, max_chars):
+            return CleanText("", (TOO_LONG,), (reason,))
         if "\ufffd" in text and b"\xef\xbf\xbd" not in value:
             statuses.append(NORMALISED)
             reasons.append("invalid UTF-8 replaced with U+FFFD")
+    elif reason := too_long(value, max_chars):
+        return CleanText("", (TOO_LONG,), (reason,))
     else:
         text = value.encode("utf-8", errors="replace").decode("utf-8")  # lone surrogates -> '?'
         if text != value:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from raymt.workers.inputs import CleanText, clean_text, split_to_fit
+from raymt.workers.inputs import MAX_ROW_CHARS, CleanText, clean_text, split_to_fit
 from raymt.workers.search import Hypothesis
 
 
@@ -27,13 +27,14 @@ class PreparedRows:
 
 
 def prepare_rows(cells: Sequence[str | bytes | None], encode: Callable[[str], list[int]] | Sequence[Callable],
-                 limit: int) -> PreparedRows:
+                 limit: int, max_chars: int = MAX_ROW_CHARS) -> PreparedRows:
     """Cells -> statuses and pieces. ``limit``: the model's positions (source ids, EOS included).
-    ``encode``: one tokenizer call for every cell, or one per cell (per-row source languages)."""
+    ``encode``: one tokenizer call for every cell, or one per cell (per-row source languages).
+    ``max_chars``: the row limit (0: none); a longer cell is ``too_long``, not encoded or decoded."""
     statuses, reasons, pieces, piece_row = [], [], [], []
     for i, cell in enumerate(cells):
         encode_cell = encode if callable(encode) else encode[i]
-        c = clean_text(cell)
+        c = clean_text(cell, max_chars)
         status, reason = c.statuses, c.reasons
         ids = encode_cell(c.text) if c.translatable else []
         if len(ids) > limit:  # longer than the model's positions: cut into pieces that fit

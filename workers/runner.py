@@ -10,10 +10,18 @@ The device is decided once, here: the model's. On CUDA the runner makes it the c
 (``torch.cuda.set_device``) and every call runs inside ``torch.cuda.device(index)`` (``scope``), so
 streams, graphs, events, pinned copies and Triton launches land on device N, not on device 0.
 
-Memory: a growth frees the old cache before allocating the new one (never two at once); out of
-memory while allocating, the slots halve until a cache fits, and the sizes tried are logged (or
-raised, when not even one slot fits). ``close`` frees everything at once: nothing holds the runner
-or its cache in a reference cycle.
+Memory: a growth frees the old cache before allocating the new one (never two at once), and
+first drops what reads the old one: every captured graph (its private pool, the step's logits
+included), the static index buffers and the graphs' output heads, then hands torch's cached blocks
+back (``graphs.release_cached``), so the new cache is never allocated beside them. Out of memory
+while allocating, the slots halve until a cache fits, and the sizes tried are logged (or raised,
+when not even one slot fits). ``close`` frees everything at once: nothing holds the runner or its
+cache in a reference cycle.
+
+A captured step reads its output head's memory at every replay, whichever call captured it. A
+shortlist head is therefore copied into fixed buffers the graph owns (``graph``): a later call's
+shortlist of the same size replays the same graph over its own candidates. A head that cannot be
+copied (a packed module) is held by its graph, so no other head can take its memory or its ``id``.
 """
 from __future__ import annotations
 
@@ -28,7 +36,8 @@ from torch import Tensor
 
 from raymt.workers.beams import SlotState
 from raymt.workers.cache import KVCache
-from raymt.workers.graphs import CapturedStep, GraphedStep, HostToDevice, Staging
+from raymt.workers.graphs import CapturedStep, GraphedStep, HostToDevice, Staging, release_cached
+from raymt.workers.model import OutputHead
 from raymt.workers.static_step import StaticIndices
 
 logger = logging.getLogger(__name__)
@@ -65,6 +74,53 @@ def bucket(slots: int, limit: int) -> int:
     return min(1 << max(slots - 1, 0).bit_length(), max(limit, slots))
 
 
+def source_capacity(length: int, positions: int) -> int:
+    """The source positions a cache is allocated for, sources of up to ``length`` tokens: the next
+    power of two, at most the model's ``positions`` (a run of growing sources reallocates a few
+    times, not once per call). What a slot's cross-attention K/V take, so memory estimates use it."""
+    return max(length, min(1 << (length - 1).bit_length(), positions))
+
+
+@dataclass(frozen=True, slots=True)
+class HeldGraph:
+    """One bucket's captured step: ``key`` (generation, call signature, head key) it was captured
+    for, the step, and the output head its replays read (fixed buffers, or a head it keeps alive)."""
+
+    key: tuple
+    step: GraphedStep
+    head: OutputHead
+
+
+def head_key(head: OutputHead) -> tuple:
+    """What a captured step's output head must match to be replayed: a shortlist head's shape (its
+    values are copied into the graph's buffers each call), else the head's own tensors (held)."""
+    if head.ids is None:  # the whole vocabulary: the model's own weights
+        return "vocabulary", id(head.weight), id(head.linear), head.bias is not None
+    if head.linear is not None:  # a packed or quantised module: not copied, held by its graph
+        return "held", id(head)
+    return "shortlist", tuple(head.weight.shape), head.weight.dtype, head.bias is not None, head.skip
+
+
+def fixed_head(head: OutputHead) -> OutputHead:
+    """The head a new graph reads: a shortlist head's tensors in buffers of the graph's own (copies),
+    any other head as it is (the graph holds it)."""
+    if head.ids is None or head.linear is not None:
+        return head
+    return OutputHead(head.ids.clone(), head.weight.clone(), None if head.bias is None else head.bias.clone(),
+                      None, head.skip)
+
+
+def fill_head(fixed: OutputHead, head: OutputHead) -> None:
+    """This call's shortlist ``head`` copied into a graph's ``fixed`` buffers of the same shape
+    (queued before the call's replays, on the same stream); nothing for a head the graph holds."""
+    if fixed is head or head.ids is None or head.linear is not None:
+        return
+    fixed.ids.copy_(head.ids)  # (C,)
+    fixed.weight.copy_(head.weight)  # (C, E)
+    if head.bias is not None:
+        fixed.bias.copy_(head.bias)  # (C,)
+
+
 class DecodeRunner:
     """The decoder's long-lived state on one device (see the module docstring). ``capture``: builds a
     captured step (``graphs.CapturedStep``); given, graphs are used on any device (tests count them
@@ -84,7 +140,7 @@ class DecodeRunner:
         self._beams: dict[int, Tensor] = {}
         self._staging: Staging | None = None
         self._static: dict[tuple, StaticIndices] = {}
-        self._graphs: dict[int, tuple[tuple, GraphedStep]] = {}  # bucket -> (what it was captured for, graph)
+        self._graphs: dict[int, HeldGraph] = {}  # bucket -> its captured step
         self._stream = self._pool = None
         self._capture_tried: list[int] = []  # buckets whose capture ran out of memory
         if self.device.type == "cuda" and self.device.index is not None:
@@ -113,13 +169,15 @@ class DecodeRunner:
         cache = self.cache
         cache.limit = max(cache.limit, need.target_length)
         if need.static and cache.max_length < need.target_length:
+            self._drop_graphs()  # (before the larger K/V are allocated)
             self.generation += 1
             cache.reserve(need.target_length)
         t_cap = max(need.target_length - 1, cache.max_length - 1 if need.static else 1)
         st = self.state
         if st is None or st.running.shape[0] < slots or st.running.shape[1] != need.beam_size \
                 or st.pool_tokens.shape[2] < t_cap:
-            self.state = None  # (the old state freed before the new one is made)
+            self.state = st = None  # (the old state freed before the new one is made)
+            self._drop_graphs()
             self.state = SlotState.empty(max(slots, cache.cross_k.shape[1]), need.beam_size, t_cap, pad, self.device)
             self.counts.states += 1
             self.generation += 1
@@ -146,11 +204,10 @@ class DecodeRunner:
 
     def _allocate(self, need: CacheNeed, slots: int) -> int:
         """A new cache for ``slots`` (halved on out of memory, the sizes tried logged): the old one is
-        freed first. Sources round up to a power of two (at most the model's positions), so a run of
-        growing sources reallocates a few times, not once per call."""
+        freed first, with every graph and buffer that reads it (``_drop_graphs``). Sources round up
+        (``source_capacity``)."""
         old = self.cache
-        positions = self.model.config.max_position_embeddings
-        source = max(need.source_length, min(1 << (need.source_length - 1).bit_length(), positions))
+        source = source_capacity(need.source_length, self.model.config.max_position_embeddings)
         slots = max(slots, old.cross_k.shape[1] if old is not None and old.beam_size == need.beam_size else 0)
         slots = min(slots, self.slot_cap) if self.slot_cap else slots
         target = max(need.target_length if need.static else 1, old.max_length if old is not None else 0)
@@ -158,6 +215,7 @@ class DecodeRunner:
         if target > 1:
             shape["target_capacity"] = target
         self.cache = self.state = old = None
+        self._drop_graphs()
         tried = []
         while True:
             tried.append(slots)
@@ -226,24 +284,42 @@ class DecodeRunner:
         indices.reset()
         return indices
 
-    def graph(self, slots: int, signature: tuple) -> GraphedStep | None:
-        """The captured static step for this bucket (``slots``) and call ``signature`` (search, head,
-        forced EOS: what the captured step reads besides the runner's tensors), or None where steps
-        run eagerly. One capture per bucket while the cache, state and signature stay."""
+    def graph(self, slots: int, signature: tuple, head: OutputHead) -> tuple[GraphedStep | None, OutputHead]:
+        """The captured static step for this bucket (``slots``), call ``signature`` (search, forced
+        EOS, forced first tokens: what the step reads besides the runner's tensors and its head) and
+        output ``head``, and the head the step must read: a shortlist head copied into the graph's
+        fixed buffers (``fixed_head``), so every replay reads this call's candidates. (None, ``head``)
+        where steps run eagerly. One capture per bucket while the cache, state, signature and the
+        head's shape stay."""
         if not self._graphs_on:
-            return None
-        key = (self.generation, signature)
+            return None, head
+        key = (self.generation, signature, head_key(head))
         held = self._graphs.get(slots)
-        if held is None or held[0] != key:
-            self._graphs.pop(slots, None)  # (its graph's memory returns to the pool first)
-            self._graphs = {b: v for b, v in self._graphs.items() if v[0][0] == self.generation}  # stale ones too
-            if self.device.type == "cuda" and self._stream is None:
-                self._stream, self._pool = torch.cuda.Stream(device=self.device), torch.cuda.graph_pool_handle()
-            graph = GraphedStep()  # (made without arguments: a stand-in that runs steps eagerly may replace it)
-            graph.stream, graph.pool, graph.label = self._stream, self._pool, f"{slots} slots"
-            graph.capture = functools.partial(self._counted_capture, slots)
-            self._graphs[slots] = key, graph
-        return self._graphs[slots][1]
+        if held is not None and held.key == key:
+            fill_head(held.head, head)
+            return held.step, held.head
+        self._graphs.pop(slots, None)  # (its graph's memory returns to the pool first)
+        self._graphs = {b: g for b, g in self._graphs.items() if g.key[0] == self.generation}  # stale ones too
+        if self.device.type == "cuda":
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(device=self.device)
+            if self._pool is None or not any(g.step.graph is not None for g in self._graphs.values()):
+                self._pool = torch.cuda.graph_pool_handle()  # (torch refuses to capture into a pool no graph holds)
+        graph = GraphedStep()  # (made without arguments: a stand-in that runs steps eagerly may replace it)
+        graph.stream, graph.pool, graph.label = self._stream, self._pool, f"{slots} slots"
+        graph.capture = functools.partial(self._counted_capture, slots)
+        self._graphs[slots] = HeldGraph(key, graph, fixed_head(head))
+        return graph, self._graphs[slots].head
+
+    def _drop_graphs(self) -> None:
+        """Every captured graph (its private pool with it: the step's logits and work tensors), the
+        static index buffers and the graphs' heads dropped, and torch's cached blocks handed back,
+        before the cache or the state is reallocated: they read the old tensors, and would hold
+        their memory beside the new ones."""
+        self._graphs.clear()
+        self._static.clear()
+        self._pool = None
+        release_cached(self.device)
 
     def _counted_capture(self, slots: int, step: Callable[[], Tensor], stream, pool):
         """One capture (counted); out of memory, later calls decode in at most half the slots."""
@@ -264,5 +340,4 @@ class DecodeRunner:
         self.cache = self.state = self._norm = self._staging = None
         self._beams.clear()
         self._stream = self._pool = None
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_cached(self.device)

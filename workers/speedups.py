@@ -88,6 +88,22 @@ class CpuSpeedups:
         """The weights' and activations' dtype these options give (int8 layers take float32 in and out)."""
         return torch.bfloat16 if self.bf16 else torch.float16 if self.fp16 else torch.float32
 
+    @property
+    def precision(self) -> str:
+        """The precision these options decode in: int8, bf16, fp16 or float32 (int8 on the CPU only:
+        ``precision_refusal`` refuses it elsewhere, so a precision named is one that runs)."""
+        return "int8" if self.int8 else "bf16" if self.bf16 else "fp16" if self.fp16 else "float32"
+
+
+def precision_refusal(opts: CpuSpeedups, device: str | torch.device) -> str | None:
+    """Why ``opts`` cannot decode on ``device`` (None: they can; ``auto`` is decided where it
+    decodes). int8 is dynamic quantisation on CPU kernels: on a GPU it would not run, and the model
+    would decode in float32 under an int8 label."""
+    if opts.int8 and str(device).split(":")[0] not in ("cpu", "auto"):
+        return (f"int8 runs on the CPU only (dynamic quantisation on CPU kernels), not on {device}: decode there "
+                "in float32, bfloat16 or float16 instead (--bf16 / --fp16; compute_type 'bfloat16' / 'float16')")
+    return None
+
 
 EXACT = CpuSpeedups(fused_qkv=True, onednn=True, warm_heap=True, native=True)  # the default: float32 outputs (up to summation order)
 

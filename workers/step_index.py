@@ -41,7 +41,9 @@ class StepIndex:
         positions and force per row where they travelled per slot (``per_slot`` rows each): a
         captured step does this itself, from the buffer it reads."""
         def rows(x: Tensor | None) -> Tensor | None:
-            return x if x is None or self.per_slot == 1 else x[:, None].expand(-1, self.per_slot).reshape(-1)
+            if x is None or self.per_slot == 1:
+                return x
+            return x[:, None].expand(-1, self.per_slot).contiguous().view(-1)  # (one slot: not a stride-0 view)
         return replace(self, positions=rows(self.positions), at_max=self.at_max.bool(),
                        force=None if self.force is None else rows(self.force).bool(),
                        planned=None if self.planned is None else self.planned.bool(), per_slot=1,

@@ -17,11 +17,11 @@ from raymt.workers.decode_config import DEFAULTS
 from raymt.workers.engine import DecodeStats, Engine, StaticStep, batch_schedule
 from raymt.workers.lang_tokenizer import per_row_languages
 from raymt.workers.model_formats import open_model
-from raymt.workers.runner import DecodeRunner
+from raymt.workers.runner import DecodeRunner, source_capacity
 from raymt.workers.scheduler import CapacityUnit, SchedulerConfig
 from raymt.workers.search import Hypothesis
 from raymt.workers.shortlist import AnyShortlist, batch_candidates
-from raymt.workers.speedups import EXACT, CpuSpeedups, apply_speedups
+from raymt.workers.speedups import EXACT, CpuSpeedups, apply_speedups, precision_refusal
 from raymt.workers.batch import collate
 from raymt.workers.tuning import BatchTuner, TunerConfig, available_memory, bytes_per_sentence, fit_slots
 
@@ -63,10 +63,13 @@ class Translator:
         ``speedups``: the CPU rewrites (``workers/speedups.py``); the default keeps float32 outputs.
         ``device``: where the weights live and every decode tensor is created; the CPU rewrites
         apply on the CPU only (elsewhere they are skipped, and the log says so); a GPU decoder gets
-        the fused Triton output step (``workers/triton_ops.py``) where Triton imports."""
+        the fused Triton output step (``workers/triton_ops.py``) where Triton imports. int8 off the
+        CPU is refused (``ValueError``) before anything loads: it would decode in float32."""
+        device = torch.device(device)
+        if why := precision_refusal(speedups, device):
+            raise ValueError(why)
         if threads:
             torch.set_num_threads(threads)
-        device = torch.device(device)
         reader = local_reader(model) if isinstance(model, str) else model
         reader = open_model(reader, model if isinstance(model, str) else "")  # HF dir as is, Marian .npz adapted
         checkpoint = load_checkpoint(reader, device=device)
@@ -236,17 +239,20 @@ class Translator:
     def _fit_to_memory(self, batching: SchedulerConfig, sources: list[list[int]], cfg: SearchConfig,
                        candidates: torch.Tensor | None) -> SchedulerConfig:
         """A GPU's slots: as many as asked, or as many as fill half its free memory when fewer, each
-        holding K/V of every layer for its beams to the call's longest source and length cap, and its
-        rows' logits (a slot count the GPU's defaults ask for may not fit a smaller GPU or model)."""
-        from raymt.workers.graphs import free_memory  # (CUDA only)
+        holding K/V of every layer for its beams to the call's length cap and to the source capacity
+        the cache is allocated for (the longest source rounded up, ``runner.source_capacity``), and
+        its rows' logits (a slot count the GPU's defaults ask for may not fit a smaller GPU or model).
+        Free memory leaves captured graphs' pools out (``graphs.free_memory``)."""
+        from raymt.workers import graphs  # (CUDA only)
         mc, model = self.checkpoint.model.config, self.checkpoint.model
         longest = max(len(s) for s in sources)
         per_slot = bytes_per_sentence(
             layers=mc.decoder_layers, d_model=mc.d_model, beam=cfg.beam_size,
             vocab=int(candidates.numel()) if candidates is not None else mc.decoder_vocab_size,
-            max_target=min(cfg.max_length_for(longest), mc.max_position_embeddings) + 1, max_source=longest,
+            max_target=min(cfg.max_length_for(longest), mc.max_position_embeddings) + 1,
+            max_source=source_capacity(longest, mc.max_position_embeddings),
             bytes_per_value=model.model.shared.weight.element_size())
-        free = free_memory(model.device) + self.runner.held_bytes()  # (the held cache is reused or freed)
+        free = graphs.free_memory(model.device) + self.runner.held_bytes()  # (the held cache is reused or freed)
         slots = fit_slots(batching.max_batch_sentences, free, per_slot)
         if slots == batching.max_batch_sentences:
             return batching

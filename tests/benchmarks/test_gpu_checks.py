@@ -54,6 +54,78 @@ def test_a_summary_of_long_figures_is_cut_to_its_limit():
     assert len(table(text)) == 60  # every check keeps its row
 
 
+def stub_parts(monkeypatch, ran: list[str], raising: dict[str, BaseException]):
+    """Every part answered at once (no subprocess), recorded in ``ran``; a part named in ``raising`` raises."""
+    from benchmarks import gpu_check
+
+    def part(name: str) -> list[dict]:
+        ran.append(name)
+        if name in raising:
+            raise raising[name]
+        return ENVIRONMENT if name == "environment" else rows(1, result="pass")[-1:]
+
+    monkeypatch.setattr(gpu_check, "step_rows", lambda name, *a: part(name))
+    monkeypatch.setattr(gpu_check, "pytest_rows", lambda *a: part("tests"))
+    monkeypatch.setattr(gpu_check, "job_rows", lambda *a: part("job"))
+
+
+def written(out) -> tuple[dict[str, list[str]], list[dict], list[str]]:
+    """The summary's rows by check, and the tarball's rows.json and file names."""
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.tar.gz", "summary.md"]
+    with tarfile.open(out / "gpu_check.tar.gz") as tar:
+        return ({r[0]: r for r in table((out / "summary.md").read_text())},
+                json.load(tar.extractfile("gpu_check/rows.json")), tar.getnames())
+
+
+def test_a_part_that_raises_is_a_fail_naming_the_error_and_the_files_are_written(tmp_path, monkeypatch):
+    """Unpacking the base model fails (a full disk): its row names the error, its traceback is in
+    the tarball, the parts after it still run, and both files come back."""
+    from benchmarks import gpu_check, gpu_data
+
+    data = tmp_path / "data-gpu"
+    (data / "base-de-en.int8").mkdir(parents=True)
+    monkeypatch.setattr(gpu_check, "SHARED", tmp_path / "no-shared")
+
+    def full_disk(packed, target):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gpu_data, "unpack_model", full_disk)
+    ran: list[str] = []
+    stub_parts(monkeypatch, ran, {})
+    out = tmp_path / "out"
+    gpu_check.main(["--out", str(out), "--device", "cpu", "--data", str(data)])
+    got, logged, names = written(out)
+    assert got["base model"][2] == "FAIL: OSError: [Errno 28] No space left on device"
+    assert ran == ["environment", "tests", "replay", "bleu", "index", "job", "bench", "bench_base"]
+    assert any(r["result"].startswith("FAIL: OSError") for r in logged) and "gpu_check/base_model.log" in names
+
+
+def test_an_interrupted_check_still_writes_its_summary_naming_the_stop(tmp_path, monkeypatch):
+    from benchmarks import gpu_check
+
+    monkeypatch.setattr(gpu_check, "SHARED", tmp_path / "no-shared")
+    ran: list[str] = []
+    stub_parts(monkeypatch, ran, {"bleu": KeyboardInterrupt()})
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.main(["--out", str(out), "--device", "cpu", "--data", str(tmp_path / "none")])
+    got, logged, _ = written(out)
+    assert ran == ["environment", "tests", "replay", "bleu"] and got["gpu check (stopped)"][2] == "FAIL: KeyboardInterrupt"
+    assert got["base model"][2].startswith("skipped: no base-de-en") and "part 0" in got  # (the rows before the stop)
+    assert logged[-1]["check"] == "gpu check (stopped)"
+
+
+def test_the_data_folder_defaults_to_the_checkouts_data_gpu(monkeypatch, tmp_path):
+    """A GPU machine without ``../shared``: ``data-gpu/`` copied into the checkout is found from any
+    working directory; elsewhere ``--data`` names it."""
+    from benchmarks import gpu_check
+
+    monkeypatch.setattr(gpu_check, "SHARED", tmp_path / "no-shared")
+    monkeypatch.chdir(tmp_path)
+    assert gpu_check.parse_args(["--out", "o"]).data == str(gpu_check.ROOT / "data-gpu")
+    assert gpu_check.parse_args(["--out", "o", "--data", "/x/data-gpu"]).data == "/x/data-gpu"
+
+
 @pytest.mark.slow
 def test_the_dry_run_writes_the_two_files_and_the_table(tmp_path, capsys):
     shared_path("multi30k", "test_2016_flickr.de")

@@ -77,6 +77,48 @@ def test_tsv_in_translates_the_chosen_column_and_marks_short_rows(demo_model_dir
     assert table[4]["reason"] == "1 tab-separated column(s), the text is asked from column 2"
 
 
+def test_jsonl_ids_stay_unique_and_an_overlong_row_is_not_decoded(demo_model_dir, tmp_path, reference, capsys):
+    """Ids "0", "1", "2" and rows without their own (not parsable, no id field): every output id is
+    distinct. A row over --max-row-chars is an empty translation with status too_long and its length."""
+    rows = [{"id": "0", "text": LINES[0]}, "{kaputt", {"id": "2", "text": "Ein Satz. " * 30}, {"text": LINES[1]},
+            {"id": "1", "text": LINES[2]}]
+    (tmp_path / "in.jsonl").write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    translate(demo_model_dir, tmp_path / "in.jsonl", tmp_path / "out.jsonl", "--max-row-chars", "200")
+    got = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [g["id"] for g in got] == ["0", "row:1", "2", "row:3", "1"]  # before: "1" twice, "3"
+    assert [g["status"] for g in got] == ["ok", "invalid", "too_long", "ok", "ok"]
+    assert got[2]["translation"] == "" and got[2]["reason"] == "300 characters, more than --max-row-chars 200"
+    assert [got[k]["translation"] for k in (0, 3, 4)] == reference[:3]
+    assert "too_long 1" in capsys.readouterr().out  # the summary's rows by status
+    # another limit decodes other rows: resuming with it is refused
+    with pytest.raises(SystemExit, match=r"(?s)error: .*started by another plan.*max-row-chars:200"):
+        translate(demo_model_dir, tmp_path / "in.jsonl", tmp_path / "out.jsonl")
+    with pytest.raises(SystemExit) as refused:
+        translate(demo_model_dir, tmp_path / "in.jsonl", tmp_path / "other.jsonl", "--max-row-chars", "-1")
+    assert refused.value.code == 2 and "max_row_chars must be >= 0" in capsys.readouterr().err
+
+
+def test_csv_in_reads_the_header_s_columns_and_passes_the_others(demo_model_dir, tmp_path, reference):
+    """A compressed CSV: the header names the columns (never translated as a sentence), a quoted
+    field holds a comma and a newline, the id column gives ids and the other columns pass through."""
+    texts = [f'"{line}"' for line in LINES]
+    texts[1] = '"Zwei Kinder spielen\nim Sand, am Strand."'  # a comma and a newline inside one field
+    data = "key,text,domain\n" + "".join(f"k{i},{t},d{i}\n" for i, t in enumerate(texts))
+    (tmp_path / "in.csv.gz").write_bytes(gzip.compress(data.encode()))
+    translate(demo_model_dir, tmp_path / "in.csv.gz", tmp_path / "out.parquet", "--id-column", "key",
+              "--unit-rows", "3")
+    table = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert [r["id"] for r in table] == ["k0", "k1", "k2", "k3"]
+    assert [r["domain"] for r in table] == ["d0", "d1", "d2", "d3"]
+    assert [r["translation"] for r in table[::2]] == reference[::2] and table[3]["translation"] == reference[3]
+    assert table[1]["source"] == "Zwei Kinder spielen\nim Sand, am Strand."  # the field as written
+    assert table[1]["status"] == "normalised" and table[1]["translation"]  # its newlines made spaces, translated
+    with pytest.raises(SystemExit, match=r"error: .*in.csv.gz: no text column 'src'; columns found: \['key', 'text', "
+                                         r"'domain'\]"):
+        translate(demo_model_dir, tmp_path / "in.csv.gz", tmp_path / "other.parquet", "--text-column", "src")
+    assert not (tmp_path / "other.parquet.parts").exists()
+
+
 def test_parquet_output_keeps_the_input_columns_unless_told_not_to(demo_model_dir, tmp_path, reference):
     pq.write_table(pa.table({"id": [1, 2], "text": LINES[:2], "domain": ["news", "web"], "score": [0.5, 0.9],
                              "meta": [{"k": 1}, {"k": 2}]}), tmp_path / "in.parquet", row_group_size=1)
@@ -135,6 +177,27 @@ def test_on_ray_the_input_columns_flow_through_and_stdin_translates_alike(demo_m
     table = pq.read_table(tmp_path / "out.parquet")
     assert table.column("translation").to_pylist() == reference
     assert table.column("domain").to_pylist() == ["a", "b", "c", "d"]
+
+
+def test_on_ray_a_csv_input_and_an_overlong_row(demo_model_dir, tmp_path, reference):
+    """A Ray job (three units, the encoder pool tokenising ahead of one decoder actor): CSV records
+    with a quoted newline, and a row over the default --max-row-chars (20,000) left undecoded."""
+    long = "Ein Hund rennt. " * 1251  # 20,016 characters
+    texts = [LINES[0], long, LINES[1], LINES[2], LINES[3]]
+    data = "text,n\n" + "".join(f'"{t}",{i}\n' for i, t in enumerate(texts))
+    (tmp_path / "in.csv").write_text(data.replace("Zwei Kinder", "Zwei\nKinder"))
+    job = subprocess.run([sys.executable, "-m", "raymt.jobs.translate", "--model", str(demo_model_dir), "--input",
+                          str(tmp_path / "in.csv"), "--output", str(tmp_path / "out.parquet"), "--beam-size", "2",
+                          "--unit-rows", "2", "--local-rows", "0", "--decoders", "1", "--threads", "1"],
+                         capture_output=True, cwd=ROOT, timeout=400, env={**os.environ, "RAY_ADDRESS": ""})
+    assert job.returncode == 0, job.stderr.decode()[-3000:]
+    assert b"in 3 units" in job.stdout and b", ray (" in job.stdout
+    table = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert [r["id"] for r in table] == [r["n"] for r in table] == ["0", "1", "2", "3", "4"]  # "n": as written
+    assert table[1]["status"] == "too_long" and table[1]["translation"] == ""
+    assert table[1]["reason"] == f"{len(long)} characters, more than --max-row-chars 20000"
+    assert [r["translation"] for r in (table[0], *table[2:])] == reference  # "Zwei\nKinder": the newline a space
+    assert [r["status"] for r in table] == ["ok", "too_long", "normalised", "ok", "ok"]
 
 
 def test_a_stream_from_a_file_to_standard_output_and_from_standard_input_to_a_file(demo_model_dir, tmp_path,

@@ -227,3 +227,33 @@ def test_help_lists_user_flags_first_and_research_knobs_last():
     research = text[positions[-1]:]
     assert all(f in research for f in ("--rp", "--ap", "--fast", "--epsilon", "--flush-every"))
     assert "--rp" not in text[: positions[-1]] and "--max-batch-size" not in user
+
+
+@pytest.mark.parametrize("device_flags", [["--device", "cuda"], ["--device", "cuda:1"], ["--gpus-per-decoder", "1"],
+                                          ["--device", "auto", "--gpus-per-decoder", "1"]])
+def test_int8_on_a_gpu_is_refused_in_one_line_before_any_work(demo_model_dir, tmp_path, device_flags):
+    """int8 is CPU quantisation: on a GPU it would decode in float32 under an int8 signature."""
+    out = tmp_path / "o.txt"
+    with pytest.raises(SystemExit) as e:
+        main(["--model", str(demo_model_dir), "--input", str(SAMPLE), "--output", str(out), "--int8", *device_flags])
+    message = str(e.value.code)
+    assert message.startswith("error: int8 runs on the CPU only") and "\n" not in message
+    assert "--bf16" in message and not out.exists() and not (tmp_path / "o.txt.parts").exists()
+
+
+def test_the_signature_names_the_precision_the_decoders_run():
+    import dataclasses
+
+    from raymt.jobs.translate import build_parser, decode_config, signature
+
+    def sig(*flags: str, runtime: dict | None = None) -> str:
+        args = build_parser().parse_args(["--model", "m", "--input", "i", "--output", "o", *flags])
+        decode = decode_config(args)
+        if runtime is not None:
+            decode = dataclasses.replace(decode, runtime=dataclasses.replace(decode.runtime, **runtime))
+        return signature(args, decode)
+
+    assert "|int8" in sig("--int8") and "|bf16" in sig("--bf16", "--device", "cuda") and "|fp16" in sig("--fp16")
+    assert not {"|int8", "|bf16", "|fp16"} & set(sig().split("|"))
+    from raymt.workers.speedups import EXACT
+    assert "int8" not in sig("--int8", runtime={"speedups": EXACT})  # the runtime's precision, not the flag's

@@ -46,6 +46,21 @@ def test_rows_carry_the_jobs_statuses(translator):
     assert "invalid UTF-8" in rows[3].reason
 
 
+def test_a_row_over_the_row_limit_is_too_long_and_not_decoded(demo_model_dir, translator):
+    """The job's default limit (20,000 characters) and one set at load, bytes cells alike; 0: none."""
+    long = "Ein Hund. " * 2001  # 20,010 characters
+    rows = translator.translate_rows(["Ein Hund läuft.", long, long.encode()])
+    assert [r.status for r in rows] == ["ok", "too_long", "too_long"] and rows[1].text == "" and not rows[1].nbest
+    assert rows[1].reason == "20010 characters, more than --max-row-chars 20000"
+    tokens = translator.stats.target_tokens
+    small = Translator.load(str(demo_model_dir), threads=1, max_row_chars=10)
+    assert small.translate(["Ein Hund.", "Ein Hund läuft."]) == ["A dog.", ""]
+    assert translator.stats.target_tokens == tokens
+    assert Translator.load(str(demo_model_dir), threads=1, max_row_chars=0).translate_rows(["Ein Hund. " * 50])[0].status == "ok"
+    with pytest.raises(ValueError, match="max_row_chars must be >= 0"):
+        Translator.load(str(demo_model_dir), max_row_chars=-1)
+
+
 def test_loads_from_a_url_and_refuses_unknown_compute_types(demo_model_dir, s3, one_thread):
     for name in os.listdir(demo_model_dir):
         s3.put(str(demo_model_dir / name), f"corpus-bucket/models/demo/{name}")

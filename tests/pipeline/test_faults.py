@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from raymt.jobs.translate import main
+from raymt.pipeline.hold import AFTER_COMMIT, BEFORE_ENCODE
 from raymt.pipeline.sink import OutputStore
 from tests.pipeline.conftest import free_port
 from tests.pipeline.ray_helpers import (
@@ -306,14 +307,19 @@ def test_no_decoder_within_decoder_wait_fails_naming_the_units_left(cluster, dem
     assert time.time() - start < 60
 
 
-def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(cluster, demo_model_dir, tmp_path, capsys):
+def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(cluster, demo_model_dir, tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the job runs: its decoders are held after their first unit (``pipeline/hold.py``), so
+    the signal lands mid-job however fast the machine decodes."""
     src = write_corpus(tmp_path / "in.parquet", clean_corpus(400))
-    out = tmp_path / "out"
+    out, gate = tmp_path / "out", tmp_path / "gate"
     args = job(demo_model_dir, src, out, "--unit-rows", "20", "--beam-size", "4")
+    gate.touch()
+    monkeypatch.setenv(AFTER_COMMIT, str(gate))
     proc = spawn_driver(cluster, args, tmp_path / "driver.log")
     wait_for_commits(str(out), 1, proc)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 1
+    gate.unlink()
     log = (tmp_path / "driver.log").read_text()
     assert "interrupted: every committed unit is kept; rerun the same command to resume" in log
     assert "Traceback" not in log
@@ -324,14 +330,15 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(cluster, demo_model_dir, tmp_p
     assert_exactly_once(str(out), [f"r{i:04d}" for i in range(400)])
 
 
-def test_a_hung_encoder_is_given_up_after_the_stall_timeout(cluster, demo_model_dir, tmp_path):
+def test_a_hung_encoder_is_given_up_after_the_stall_timeout(cluster, demo_model_dir, tmp_path, monkeypatch):
     """A stopped (SIGSTOP) encoder never fails: Ray Data waits on it forever. Once every decoder has
     waited --stall-timeout on the empty stream, the units go to the decoders raw; nothing is lost."""
-    n = 3000  # enough that the encoder is stopped mid-stream, not after it has encoded everything (600 rows
-    # were all encoded before the stop now and then on a loaded machine)
+    n = 600  # the encoder is held before its first block (``pipeline/hold.py``) and stopped there
     src = write_corpus(tmp_path / "in.parquet", clean_corpus(n))
-    out = tmp_path / "out"
+    out, gate = tmp_path / "out", tmp_path / "gate"
     stale = frozenset(ray_processes("MapWorker"))
+    gate.touch()
+    monkeypatch.setenv(BEFORE_ENCODE, str(gate))
     proc = spawn_driver(cluster, job(demo_model_dir, src, out, "--unit-rows", "30", "--decoders", "1",
                                      "--stall-timeout", "20"), tmp_path / "driver.log")
     encoder = set()
@@ -339,6 +346,7 @@ def test_a_hung_encoder_is_given_up_after_the_stall_timeout(cluster, demo_model_
         encoder = wait_until(lambda: ray_processes("MapWorker", stale), proc, what="the encoder actor")
         for p in encoder:
             os.kill(p, signal.SIGSTOP)
+        gate.unlink()  # (the stopped encoder stays where it is)
         assert proc.wait(timeout=300) == 0, (tmp_path / "driver.log").read_text(errors="replace")
     finally:
         if proc.poll() is None:

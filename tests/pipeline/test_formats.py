@@ -91,8 +91,8 @@ def test_jsonl_and_tsv_units_keep_every_row(tmp_path):
                                                          b'{"text": "Drei"}\n'))
     plan = plan_units(str(tmp_path / "in.jsonl.gz"), Columns(), unit_rows=2)
     rows = [read_unit(u, Columns()) for u in plan.units]
-    assert [i for r in rows for i in r.ids] == ["a", "1", "2"] and [t for r in rows for t in r.texts] == ["Eins", None,
-                                                                                                     "Drei"]
+    assert [i for r in rows for i in r.ids] == ["a", "row:1", "row:2"]  # no id of their own: never a real id's form
+    assert [t for r in rows for t in r.texts] == ["Eins", None, "Drei"]
     assert rows[0].problems[1].startswith("invalid JSON") and rows[0].fields[0] == '{"x": 1}'
     (tmp_path / "in.tsv").write_text("Hallo\tHello\nkaputt\n")
     units = plan_units(str(tmp_path / "in.tsv"), Columns(tsv_column=2), unit_rows=5).units
@@ -142,6 +142,6 @@ def test_a_directory_reads_every_line_format_compressed_or_not_and_empty_streams
     plan = plan_units(str(tmp_path / "in"), Columns(), unit_rows=1)
     assert plan.rows == 4 and [t for u in plan.units for t in read_unit(u, Columns()).texts] == [b"eins", b"zwei",
                                                                                               "drei", b"vier"]
-    (tmp_path / "in" / "e.csv").write_text("x\n")
-    with pytest.raises(InputError, match=r"also holds 1 other file\(s\), which would not be translated: .*e.csv"):
+    (tmp_path / "in" / "e.xlsx").write_text("x\n")
+    with pytest.raises(InputError, match=r"also holds 1 other file\(s\), which would not be translated: .*e.xlsx"):
         plan_units(str(tmp_path / "in"), Columns(), unit_rows=1)

@@ -62,6 +62,16 @@ def test_output_column_name_and_per_actor_stats_without_ray(demo_model_dir, one_
     op.close()
 
 
+def test_a_cell_over_the_row_limit_is_not_decoded_and_says_why(demo_model_dir, one_thread):
+    op = Translate(str(demo_model_dir), search=SEARCH, max_row_chars=20)
+    out = op({"text": ["Ein Hund läuft.", "Ein Hund läuft über die Wiese."]})
+    assert list(out["translation"]) == ["A dog is running.", ""]
+    assert list(out[ERROR_COLUMN]) == [None, "too_long: 30 characters, more than --max-row-chars 20"]
+    assert op.stats.sentences == 1
+    assert Translate(str(demo_model_dir), search=SEARCH).translate_texts(["x" * 20_001])[1][0].startswith("too_long")
+    op.close()
+
+
 def test_the_default_search_is_the_command_lines(demo_model_dir, one_thread):
     from raymt.workers.decode_config import DEFAULTS
     op = Translate(str(demo_model_dir))

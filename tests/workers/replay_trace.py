@@ -1,6 +1,6 @@
 """What a CUDA graph replay of the static step would do, checked on the CPU (no GPU is needed).
 
-``workers/graphs.GraphedStep`` captures ``Engine._device_step`` once (the second step) and replays
+``workers/graphs.GraphedStep`` captures ``Engine._device_step`` once (after its warm-up steps) and replays
 it every step after: the replay runs the captured kernels on the same memory with the same
 arguments, and runs no Python. So a replay equals the eager step if, at every step it stands for:
 
@@ -29,9 +29,10 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_leaves
 
 from raymt.workers.engine import Engine
+from raymt.workers.graphs import WARMUP_STEPS
 
 KERNELS = ("ancestry_attention", "source_attention", "row_top_log_softmax")  # workers/triton_ops.py's launches
-CAPTURED = 1  # the step GraphedStep captures (0-based): the first runs eagerly to warm up
+CAPTURED = WARMUP_STEPS  # the step GraphedStep captures (0-based): the ones before run eagerly to warm up
 
 
 def _storage(x: Tensor) -> int:

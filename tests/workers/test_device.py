@@ -138,3 +138,35 @@ def test_the_device_step_never_reads_the_device(demo_model_dir, beam, static, pr
         engine.decode(sources)
     assert seen["packed"].device.type == "meta" and seen["packed"].shape[0] == 2
     assert seen["mixed"] == []
+
+
+def test_int8_off_the_cpu_is_refused_before_anything_loads(demo_model_dir, monkeypatch):
+    """``device="cuda"`` is a string here: the refusal comes before torch is asked about CUDA or the
+    checkpoint is read (on this machine either would fail otherwise, with another error)."""
+    import dataclasses
+
+    from raymt.pipeline import api
+    from raymt.workers import translator as translator_module
+    from raymt.workers.decode_config import RuntimeConfig
+    from raymt.workers.speedups import EXACT, CpuSpeedups
+
+    def untouched(*args, **kwargs):
+        raise AssertionError("reached past the refusal")
+
+    monkeypatch.setattr(translator_module, "load_checkpoint", untouched)
+    monkeypatch.setattr(torch.cuda, "is_available", untouched)
+    int8 = dataclasses.replace(EXACT, int8=True)
+    for device in ("cuda", "cuda:1", torch.device("cuda", 0)):
+        with pytest.raises(ValueError, match=r"int8 runs on the CPU only .*float32, bfloat16 or float16"):
+            Translator.load(str(demo_model_dir), device=device, speedups=int8)
+        with pytest.raises(ValueError, match="int8 runs on the CPU only"):
+            RuntimeConfig(device=str(device), speedups=int8)
+    monkeypatch.setattr(api, "resolve_device", lambda name: torch.device(name))  # (as on a GPU machine)
+    monkeypatch.setattr(api.Core, "load", untouched)
+    with pytest.raises(ValueError, match="int8 runs on the CPU only"):
+        api.Translator.load(str(demo_model_dir), device="cuda", compute_type="int8")
+    assert RuntimeConfig(device="auto", speedups=int8).speedups.precision == "int8"  # (decided where it decodes)
+    assert CpuSpeedups(bf16=True).precision == "bf16" and EXACT.precision == "float32"
+    monkeypatch.undo()
+    on_cpu = Translator.load(str(demo_model_dir), speedups=CpuSpeedups(int8=True))
+    assert type(on_cpu.checkpoint.model.vocab_head).__name__ == "Int8Linear"  # int8 where it runs

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from raymt.workers.inputs import EMPTY, NORMALISED, NULL, OK, SPLIT, clean_text, split_to_fit
+from raymt.workers.inputs import (EMPTY, MAX_ROW_CHARS, NORMALISED, NULL, OK, SPLIT, TOO_LONG, clean_text,
+                                  split_to_fit)
 
 
 @pytest.mark.parametrize("value, text, status", [
@@ -24,6 +25,20 @@ def test_clean_text(value, text: str, status: str) -> None:
     assert (c.text, c.status) == (text, status)
     assert bool(c.reason) == (status != OK)
     assert c.translatable == (EMPTY not in status and NULL not in status)
+
+
+def test_a_row_over_the_row_limit_is_too_long_before_any_other_work() -> None:
+    from raymt.workers.rows import prepare_rows
+
+    c = clean_text("Ein\x07 Hund läuft.", max_chars=10)
+    assert (c.text, c.status, c.reason, c.translatable) == ("", TOO_LONG, "16 characters, more than --max-row-chars 10",
+                                                            False)
+    assert clean_text(b"\xff" * 11, max_chars=10).status == TOO_LONG  # characters, as decoded
+    assert clean_text(" " * 11, max_chars=10).status == EMPTY and clean_text("x" * 10, max_chars=10).status == OK
+    assert clean_text("x" * 10**6).status == OK  # clean_text alone: no limit
+    rows = prepare_rows(["Ein Hund.", "x" * (MAX_ROW_CHARS + 1), "y" * MAX_ROW_CHARS], lambda s: [1], limit=512)
+    assert rows.statuses == ["ok", TOO_LONG, "ok"] and rows.piece_row == [0, 2]  # the row path's default limit
+    assert prepare_rows(["x" * (MAX_ROW_CHARS + 1)], lambda s: [1], 512, max_chars=0).statuses == ["ok"]
 
 
 def words_plus_eos(text: str) -> int:

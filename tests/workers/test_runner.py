@@ -15,9 +15,11 @@ import torch
 from raymt.workers.cache import KVCache
 from raymt.workers.config import SearchConfig
 from raymt.workers.engine import Engine
-from raymt.workers.graphs import GraphedStep
+from raymt.workers.model import OutputHead
+from raymt.workers.graphs import WARMUP_STEPS, GraphedStep
 from raymt.workers.runner import CacheNeed, DecodeRunner, bucket
 from raymt.workers.scheduler import Policy, SchedulerConfig
+from raymt.workers.speedups import CpuSpeedups
 from raymt.workers.static_step import StaticStep
 from raymt.workers.translator import Translator
 
@@ -108,8 +110,9 @@ def test_a_failed_capture_decodes_eagerly_with_one_warning(demo_model_dir, expec
 
 
 def test_warm_up_and_capture_run_on_one_stream_and_replays_follow(monkeypatch):
-    """The first step runs on the side stream the capture then records on (torch's stream calls
-    answered on the CPU); the second is captured there, later ones replay it."""
+    """The first ``WARMUP_STEPS`` steps run eagerly on the side stream the capture then records on
+    (torch's stream calls answered on the CPU), as torch's CUDA graph guide warms up; the next is
+    captured there, later ones replay it."""
     entered = []
 
     class Stream:
@@ -125,9 +128,10 @@ def test_warm_up_and_capture_run_on_one_stream_and_replays_follow(monkeypatch):
     monkeypatch.setattr(torch.cuda, "stream", on)
     side, captured_on = Stream(), []
     graph = GraphedStep(stream=side, capture=lambda step, stream, pool: captured_on.append(stream) or Rerun(step, 0, 0))
-    outputs = [graph.run(lambda i=i: torch.tensor([i])) for i in range(3)]
-    assert entered == [side] and captured_on == [side]  # warm-up and capture: one stream
-    assert [int(x) for x in outputs] == [0, 1, 1] and graph.graph is None  # (the captured step replays)
+    outputs = [graph.run(lambda i=i: torch.tensor([i])) for i in range(WARMUP_STEPS + 3)]
+    assert WARMUP_STEPS >= 2 and entered == [side] * WARMUP_STEPS and captured_on == [side]  # one stream
+    warm = list(range(WARMUP_STEPS))  # run eagerly; then the captured step, replayed
+    assert [int(x) for x in outputs] == warm + [WARMUP_STEPS] * 3 and graph.graph is None
 
 
 def test_out_of_memory_capturing_names_the_slots_tried_and_shrinks_the_bucket(demo_model_dir, expected):
@@ -228,11 +232,27 @@ def test_a_cuda_runner_enters_its_device_index(demo_model_dir, monkeypatch):
         device = torch.device("cuda:3")
 
     runner = DecodeRunner(OnGpu3())
+    head = OutputHead(None, torch.zeros(6, 4), None)
     with runner.scope():
-        graph = runner.graph(8, ("search",))
+        graph, _ = runner.graph(8, ("search",), head)
     assert calls == [("set_device", torch.device("cuda:3")), ("device", torch.device("cuda:3")),
                      ("stream", torch.device("cuda:3"))]
-    assert graph.pool == "pool" and runner.graph(8, ("search",)) is graph  # one per bucket
+    assert graph.pool == "pool" and runner.graph(8, ("search",), head)[0] is graph  # one per bucket
+
+
+def test_a_graph_pool_is_reused_only_while_a_captured_graph_holds_it(monkeypatch):
+    """Torch refuses a capture into a pool whose graphs are all gone (its use count is 0), so a
+    replaced graph's successor gets a fresh pool unless another bucket's captured graph keeps it."""
+    handles = iter(range(100))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(handles))
+    runner = DecodeRunner(type("Model", (), {"device": torch.device("cuda")})())
+    head = OutputHead(None, torch.zeros(6, 4), None)
+    pools = [runner.graph(8, (search,), head)[0].pool for search in ("a", "b")]
+    assert pools == [0, 1]  # (the first graph never captured: nothing holds its pool)
+    held, _ = runner.graph(4, ("a",), head)
+    held.captured = type("Captured", (), {"graph": "a CUDA graph"})()
+    assert runner.graph(8, ("c",), head)[0].pool == held.pool == 2  # bucket 4's captured graph holds it
 
 
 def test_the_identity_gather_is_a_view():
@@ -249,3 +269,122 @@ def test_the_identity_gather_is_a_view():
                        s=4, shared=True, first=1)
     assert at.ancestry.data_ptr() != cache.ancestry.data_ptr()
     assert torch.equal(at.ancestry, cache.ancestry[:3, 2:])
+
+
+def shortlist(specials: tuple[int, ...], start: int, size: int) -> torch.Tensor:
+    """A sorted candidate set of ``size`` ids: the specials, then ids from ``start`` on."""
+    others = [i for i in range(start, start + size) if i not in specials][: size - len(specials)]
+    return torch.tensor(sorted({*specials, *others}))
+
+
+def test_same_size_shortlists_share_one_graph_and_each_call_reads_its_own_head(demo_model_dir):
+    """A replay reads the head the graph was given: the runner's fixed buffers, into which each call
+    copies its own shortlist. ``Rerun`` replays the capturing call's step (as a CUDA graph replays
+    its kernels): were the head that call's own, the second call would decode over the first's.
+    (No CPU rewrites, as on a GPU: a shortlist head is plain tensors, not a packed module.)"""
+    tr = Translator.load(str(demo_model_dir), max_batch_size=4, speedups=CpuSpeedups())
+    model, sources = tr.checkpoint.model, sorted(tr.encode(CALLS[1]), key=len)
+    first, second = (shortlist(tr.special_target_ids(), start, 400) for start in (2, 150))
+    assert first.shape == second.shape and not torch.equal(first, second)
+    schedule = SchedulerConfig(max_batch_sentences=4, capacity=4)
+
+    def decode(candidates, runner=None):
+        engine = Engine(model, CFG, schedule, forced_eos=tr.forced_eos, candidates=candidates,
+                        static=StaticStep(), runner=runner)
+        return tokens(engine.decode(sources))
+
+    eager = [decode(c) for c in (first, second)]  # (a runner of its own on the CPU: no graph)
+    assert eager[0] != eager[1], "the shortlists decode alike: nothing tested"
+    runner = DecodeRunner(model, capture=Rerun)
+    assert [decode(c, runner) for c in (first, second, first)] == [eager[0], eager[1], eager[0]]
+    assert runner.counts.captures == 1  # (one bucket, one shape of head: one graph for every call)
+    held = next(iter(runner._graphs.values()))
+    assert torch.equal(held.head.ids, first) and held.head.ids.data_ptr() != first.data_ptr()  # the runner's copy
+
+
+def test_a_head_that_cannot_be_copied_is_held_by_its_graph():
+    """A packed head (its own module) is not copied: its graph keeps it, so no later head can take
+    its memory or its ``id`` while the graph may replay it; another such head is another graph."""
+    runner = DecodeRunner(type("Model", (), {"device": torch.device("cpu")})(), capture=Rerun)
+    packed = OutputHead(torch.arange(4), torch.zeros(4, 2), None, linear=object())
+    graph, head = runner.graph(2, ("search",), packed)
+    ref = weakref.ref(packed)
+    del packed, head
+    gc.collect()
+    assert ref() is not None and runner._graphs[2].head is ref()
+    other = OutputHead(torch.arange(4), torch.zeros(4, 2), None, linear=object())
+    assert runner.graph(2, ("search",), other)[0] is not graph and ref() is None  # (replaced: now freed)
+
+
+def test_a_reallocation_drops_graphs_and_hands_memory_back_before_allocating(demo_model_dir, monkeypatch):
+    """A larger cache or beam state is never allocated beside the old generation's graphs, index
+    buffers and cached blocks: they are dropped and released first (on CUDA ``empty_cache``)."""
+    from raymt.workers import runner as runner_module
+    from raymt.workers.beams import SlotState
+
+    tr = Translator.load(str(demo_model_dir), max_batch_size=4)
+    runner = tr._runner = DecodeRunner(tr.checkpoint.model, capture=Rerun)
+    tr.decode_ids(tr.encode(CALLS[1]), CFG, static=StaticStep())
+    assert runner._graphs and runner._static and runner.counts.captures == 1
+    events = []
+
+    def seen(what):
+        return what, len(runner._graphs), len(runner._static)
+
+    monkeypatch.setattr(runner_module, "release_cached", lambda device: events.append(seen("release")))
+    new_cache, empty, grow = runner.model.new_cache, SlotState.empty, KVCache.reserve
+    monkeypatch.setattr(runner.model, "new_cache", lambda *a, **k: events.append(seen("cache")) or new_cache(*a, **k))
+    monkeypatch.setattr(SlotState, "empty", lambda *a, **k: events.append(seen("state")) or empty(*a, **k))
+    monkeypatch.setattr(KVCache, "reserve", lambda cache, n: (events.append(seen("grow")) if n > cache.max_length
+                                                              else None) or grow(cache, n))
+    long = tr.encode(["Ein Mann " + "und ein Hund " * 12 + "laufen."])  # a longer source: a new cache
+    tr.decode_ids(long, CFG, static=StaticStep())
+    tr.decode_ids(long, dataclasses.replace(CFG, max_length_b=40), static=StaticStep())  # longer targets: both grow
+    allocations = [i for i, e in enumerate(events) if e[0] != "release"]
+    assert {events[i][0] for i in allocations} == {"cache", "state", "grow"}, events
+    for i in allocations:
+        assert events[i][1:] == (0, 0) and events[i - 1] == ("release", 0, 0), events
+    assert runner.counts.captures == 3  # (each generation captured anew)
+
+
+def test_release_cached_empties_torch_cache_on_cuda_only(monkeypatch):
+    from raymt.workers.graphs import release_cached
+
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    release_cached(torch.device("cpu"))
+    assert emptied == []
+    release_cached(torch.device("cuda:1"))
+    assert emptied == [True]
+
+
+def test_free_memory_leaves_graph_pools_out(monkeypatch):
+    """Torch's idle blocks of its default pool are free to a new cache; a graph pool's are not (they
+    stay reserved for its replays), nor are another device's."""
+    from raymt.workers.graphs import free_memory
+
+    segments = [dict(device=0, segment_pool_id=(0, 0), total_size=300, allocated_size=100),
+                dict(device=0, segment_pool_id=(1, 0), total_size=400, allocated_size=50),  # a graph pool
+                dict(device=1, segment_pool_id=(0, 0), total_size=800, allocated_size=0)]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1000, 5000))
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: segments)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert free_memory(torch.device("cuda")) == 1000 + 200
+    assert free_memory(torch.device("cuda:1")) == 1000 + 800
+
+
+def test_the_slot_estimate_counts_the_source_positions_the_cache_allocates(demo_model_dir, monkeypatch):
+    """A GPU call's slots are fitted with each slot's cross-attention K/V at the cache's rounded
+    source capacity (a 9-token source takes 16 positions), not the longest source's length."""
+    from raymt.workers import graphs, translator as translator_module
+    from raymt.workers.runner import source_capacity
+
+    tr = Translator.load(str(demo_model_dir), max_batch_size=4)
+    sources, estimated = sorted(tr.encode(CALLS[1]), key=len), []
+    real = translator_module.bytes_per_sentence
+    monkeypatch.setattr(graphs, "free_memory", lambda device: 2**40)
+    monkeypatch.setattr(translator_module, "bytes_per_sentence", lambda **k: estimated.append(k) or real(**k))
+    tr._fit_to_memory(SchedulerConfig(max_batch_sentences=4, capacity=4), sources, CFG, None)
+    tr.decode_ids(sources, CFG)
+    assert max(map(len, sources)) == 9 and source_capacity(9, 512) == 16
+    assert estimated[0]["max_source"] == tr.runner.cache.cross_k.shape[3] == 16

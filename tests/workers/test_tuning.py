@@ -69,8 +69,10 @@ def test_slots_fit_half_the_free_memory() -> None:
 
 def test_a_gpu_decode_fits_its_slots_to_free_memory_with_the_same_output(demo_model_dir, monkeypatch) -> None:
     """``Translator._fit_to_memory`` (called on a CUDA device only; here on the CPU with the CUDA
-    query answered): the slots shrink to what fits, sized by the call's longest sentence."""
+    query answered): the slots shrink to what fits, sized by the call's longest sentence (its source
+    at the cache's rounded capacity)."""
     from raymt.workers import graphs
+    from raymt.workers.runner import source_capacity
 
     tr = Translator.load(str(demo_model_dir))
     texts = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch.",
@@ -80,7 +82,8 @@ def test_a_gpu_decode_fits_its_slots_to_free_memory_with_the_same_output(demo_mo
     mc = tr.checkpoint.model.config
     longest = max(map(len, sources))
     per = bytes_per_sentence(layers=mc.decoder_layers, d_model=mc.d_model, vocab=mc.decoder_vocab_size, beam=3,
-                             max_target=cfg.max_length_for(longest) + 1, max_source=longest)
+                             max_target=cfg.max_length_for(longest) + 1,
+                             max_source=source_capacity(longest, mc.max_position_embeddings))
     monkeypatch.setattr(graphs, "free_memory", lambda device: 5 * per)
     fitted = tr._fit_to_memory(topup, sources, cfg, None)
     assert (fitted.max_batch_sentences, fitted.capacity) == (2, 2)  # half of 5 slots' worth
