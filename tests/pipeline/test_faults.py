@@ -34,6 +34,7 @@ from tests.pipeline.ray_helpers import (
 )
 
 ROUNDS = int(os.environ.get("RAYMT_KILL_ROUNDS", "1"))
+LEASE_FILES = ("_LEASE.json", "_LEASE.lock")  # (the lock records its holder: a refused writer takes it too)
 
 
 METRICS_PORT = free_port()
@@ -193,14 +194,14 @@ def test_a_paused_ray_job_that_lost_its_lease_stops_and_its_actors_write_nothing
         os.kill(a.pid, signal.SIGSTOP)
         time.sleep(max(json.loads((out / "_LEASE.json").read_text())["expires"] - time.time(), 0) + 0.5)
         main(job(demo_model_dir, src, out, "--unit-rows", "10", "--in-process", "--beam-size", "3"))
-        after_b = {p.name: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != "_LEASE.json"}
+        after_b = {p.name: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name not in LEASE_FILES}
         time.sleep(3)  # A's actor, still decoding, tries to commit: refused
     finally:
         os.kill(a.pid, signal.SIGCONT)
     assert a.wait(timeout=120) != 0
     text = log.read_text()
     assert re.search(r"error: the output lease of .* (lost to|expired at) .* wrote nothing after", text), text
-    assert {p.name: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != "_LEASE.json"} == after_b
+    assert {p.name: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name not in LEASE_FILES} == after_b
     lease = json.loads((out / "_LEASE.json").read_text())
     assert lease["generation"] == 2 and lease["released"]
     assert_exactly_once(str(out), [f"r{i:04d}" for i in range(300)])

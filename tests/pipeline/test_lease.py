@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from raymt.pipeline.errors import StorageFull
-from raymt.pipeline.lease import LEASE, Lease, LeaseLost, OutputBusy
+from raymt.pipeline.lease import LEASE, LOCK, Lease, LeaseLost, OutputBusy
 from raymt.pipeline.sink import OutputStore, output_table
 from raymt.pipeline.storage import storage_options
 from tests.conftest import ROOT
@@ -166,7 +166,9 @@ def test_a_paused_job_that_lost_its_lease_stops_and_leaves_the_new_owners_output
     assert "Traceback" not in a_log
     after_a = snapshot(parts)
     lease = after_a.pop(LEASE)  # (A read it; B released it)
-    assert after_a == {k: v for k, v in after_b.items() if k != LEASE} and lease == after_b[LEASE]
+    lock = after_a.pop(LOCK)  # (A took the lock to check the lease: its holder record, written and emptied)
+    assert after_a == {k: v for k, v in after_b.items() if k not in (LEASE, LOCK)} and lease == after_b[LEASE]
+    assert lock[1] == after_b[LOCK][1]
     assert out.read_text(encoding="utf-8") == text_b
 
 
