@@ -8,14 +8,17 @@ waited for without a bound, records who holds it, and can be replaced when its h
 * The holder writes who it is into the file once it holds it (one ``ftruncate`` and ``pwrite`` of
   its descriptor: host, pid, since when), and empties it on release, so a waiter can name it.
 * **Replacing** a stuck lock (``break_lock``) is for a holder that is paused (SIGSTOP, a frozen
-  machine, a stalled NFS client) past the lease it guards; the caller decides that (``pipeline/lease.py``).
-  A fresh file is created under a unique name and locked, the path is checked to be still the stuck
+  machine, a stalled NFS client) past the lease it guards; the caller decides that
+  (``pipeline/lease.py``). A fresh file is created under a unique name and locked, the path is checked to be still the stuck
   file (a breaker that comes second finds it replaced and takes the ordinary way), the fresh file is
   renamed over the path (atomic), and the path is checked to be the fresh file once more. The stuck
   holder keeps a lock on a file no longer at the path: ``DiskLock.intact`` tells it so before it
   writes. Two breakers that pass the first check at the same instant both rename, and at most one
   of them finds its file at the path afterwards and keeps holding; the other one checks ``intact``
   again before each write and stops.
+
+Which file is at the path is asked by opening it afresh (on NFS, ``open`` revalidates a name that
+``stat`` may answer from its attribute cache).
 """
 from __future__ import annotations
 
@@ -135,11 +138,7 @@ def break_lock(root: str, stuck: LockBusy) -> DiskLock | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a name nobody else knows: never contended
         held = _recorded(path, fd)
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            st = None
-        if st is None or (st.st_ino, st.st_dev) != (stuck.ino, stuck.dev):
+        if _file_at(path) != (stuck.ino, stuck.dev):
             os.unlink(fresh)
             held.release()
             return None
@@ -187,9 +186,22 @@ def _recorded(path: str, fd: int) -> DiskLock:
     return DiskLock(path, fd)
 
 
-def _at_path(fd: int, path: str) -> bool:
+def _file_at(path: str) -> tuple[int, int] | None:
+    """(inode, device) of the file now at ``path``, None if none. The path is opened afresh: ``open``
+    revalidates a cached name on NFS, where ``stat`` may answer from its cache. (A flock belongs to
+    its own descriptor: closing this one leaves a lock held on another.)"""
     try:
-        st, here = os.fstat(fd), os.stat(path)
+        probe = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        return False
-    return (st.st_ino, st.st_dev) == (here.st_ino, here.st_dev)
+        return None
+    try:
+        st = os.fstat(probe)
+    finally:
+        os.close(probe)
+    return st.st_ino, st.st_dev
+
+
+def _at_path(fd: int, path: str) -> bool:
+    """Whether ``fd`` is the file now at ``path``."""
+    st = os.fstat(fd)
+    return _file_at(path) == (st.st_ino, st.st_dev)

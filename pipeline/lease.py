@@ -246,8 +246,8 @@ class Lease:
                 if current and current.get("token") != self.token and not _stale_why(current):
                     raise OutputBusy(_busy(self.path, current, busy)) from None
                 if (held := disklock.break_lock(self.root, busy)) is not None:
-                    logger.warning("the output lock %s was held by %s, whose lease %s: replaced the lock, so that "
-                                   "process writes nothing more here", busy.path,
+                    logger.warning("the output lock %s was held by %s past the output's lease (which %s): replaced "
+                                   "the lock, so that process writes nothing more here", busy.path,
                                    busy.holder or "an unrecorded process", _stale_why(current))
                     return held
         raise OutputBusy(f"the output lock {disklock.lock_path(self.root)} could not be taken in "

@@ -8,7 +8,8 @@ Layout under the output directory (``<plan>``: the first 8 hex digits of the pla
     _SUCCESS                   the job summary, once every unit is committed
 
     _PLAN.json                 what the units were cut from and how they are decoded (pipeline/ledger.py)
-    _LEASE.json                the job writing the output, while it runs (pipeline/ledger.py)
+    _LEASE.json                the job writing the output, while it runs (pipeline/lease.py)
+    _LEASE.lock                its lock on local disk, naming its holder (pipeline/disklock.py)
 
 A unit's files carry its plan, so a unit of one plan can never be taken for the same-named unit of
 another (other unit sizes, input, model or search): a store counts only its own plan's markers, even
@@ -20,6 +21,9 @@ every file (part, stats, marker) is a single PUT on object stores, which a reade
 not at all, and on local disk a write to a temporary name then an atomic rename, so a reader never
 sees a half-written or empty part. Every part is cast to ``OUTPUT_SCHEMA`` (its extra columns,
 e.g. distillation's, kept after them), so parts from different files always concatenate.
+
+A job deletes only files these records name (``clear`` for ``--restart``, ``prune``): a file
+merely named like a part, or any other file of the user's, is kept.
 """
 from __future__ import annotations
 
