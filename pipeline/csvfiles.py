@@ -32,7 +32,8 @@ import pyarrow.csv as pacsv
 
 from raymt.pipeline.formats import missing_id
 from raymt.pipeline.textfiles import TextLayout, UnreadableText, check_text, open_lines
-from raymt.pipeline.units import Columns, InputChanged, InputError, UnitRows, WorkUnit, check_content
+from raymt.pipeline.errors import InputError
+from raymt.pipeline.workunit import Columns, InputChanged, UnitRows, WorkUnit, check_content
 
 CSV_BLOCK = 1 << 22  # bytes pyarrow parses at a time
 MAX_CSV_BLOCK = 1 << 30  # the longest record read (the block grows 4x at a time up to it)

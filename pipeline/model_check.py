@@ -9,6 +9,8 @@ reads only small files and the weights' header, allocates no weights, and takes 
 - tokenizer files (each at most ``TOKENIZER_FILE_LIMIT`` bytes): ``source.spm`` and ``target.spm`` load
   in sentencepiece; ``vocab.json`` (and ``target_vocab.json`` when present) is a JSON object of
   piece -> id holding ``</s>``, ``<unk>`` and ``<pad>``, with every id inside the model's vocabulary.
+  An M2M100 / NLLB directory's tokenizer is built as a decoder builds it, from ``sentencepiece.bpe.model``
+  or, without it, ``tokenizer.json``; with neither, the line names both.
 - ``model.safetensors``, from its header alone: the file is exactly as long as the header says (a
   truncated or padded file is refused, with both sizes), every tensor has a float dtype and offsets
   matching its shape, and every tensor the config implies is there with its shape (the loader's rule:
@@ -46,6 +48,7 @@ from raymt.workers.config import ModelConfig
 from raymt.workers.lang_tokenizer import load_language_tokenizer
 from raymt.workers.marian_npz import MarianReader
 from raymt.workers.model_formats import ModelFormatError, hub_hint, looks_like_hub_id, open_model
+from raymt.workers.tokenizer_json import MARIAN_JSON_NOTE, TOKENIZER_JSON
 
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
 TOKENIZER_FILE_LIMIT = 64 << 20  # bytes; real sentencepiece models and vocabularies are 0.1-5 MB
@@ -65,8 +68,18 @@ class ModelError(ValueError):
         super().__init__(f"model {url} cannot be used:\n  - " + "\n  - ".join(problems))
 
 
-def check_model(url: str) -> None:
-    """Raise ``ModelError`` listing every problem of the checkpoint directory at ``url``; else return."""
+def check_model(url: str, name: str | None = None) -> None:
+    """Raise ``ModelError`` listing every problem of the checkpoint directory at ``url`` (named ``name``
+    when given: a hub model's id and commit); else return."""
+    try:
+        _check_model(url)
+    except ModelError as e:
+        if name is None:
+            raise
+        raise ModelError(name, e.problems) from None
+
+
+def _check_model(url: str) -> None:
     fs, root = fsspec.core.url_to_fs(url, **storage_options(url))
     root = root.rstrip("/")
     if not fs.isdir(root):
@@ -181,8 +194,9 @@ def vocab_problems(name: str, data: bytes, id_limit: int | None) -> list[str]:
 
 
 def _language_tokenizer_problems(fs, root: str) -> list[str]:
-    """An M2M100 / NLLB directory's tokenizer (``sentencepiece.bpe.model`` with ``vocab.json`` or the
-    language codes of ``tokenizer.json`` / ``tokenizer_config.json``), built as a decoder builds it."""
+    """An M2M100 / NLLB directory's tokenizer (``sentencepiece.bpe.model``, or without it ``tokenizer.json``,
+    with ``vocab.json`` or the language codes of ``tokenizer.json`` / ``tokenizer_config.json``), built as
+    a decoder builds it; with neither segmentation file, one line naming both."""
     def read(name: str) -> bytes | None:
         data, too_big = _read_small(fs, f"{root}/{name}", name)
         if too_big:
@@ -199,7 +213,8 @@ def _tokenizer_problems(fs, root: str, cfg: ModelConfig | None, hf: dict) -> lis
     if cfg is not None and cfg.position_style == "fairseq":  # M2M100 / NLLB-200 (model_type m2m_100)
         return _language_tokenizer_problems(fs, root)
     missing = [n for n in TOKENIZER_FILES if not fs.exists(f"{root}/{n}")]
-    problems = [f"tokenizer file(s) missing: {', '.join(missing)}"] if missing else []
+    note = MARIAN_JSON_NOTE if missing and fs.exists(f"{root}/{TOKENIZER_JSON}") else ""
+    problems = [f"tokenizer file(s) missing: {', '.join(missing)}{note}"] if missing else []
     separate = cfg is not None and separate_target_vocab(cfg, hf) and fs.exists(f"{root}/target_vocab.json")
     for name in (*TOKENIZER_FILES, "target_vocab.json"):
         data, too_big = _read_small(fs, f"{root}/{name}", name)

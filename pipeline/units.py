@@ -37,7 +37,9 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raymt.pipeline.errors import InputError, JobStopped
+from raymt.pipeline.csvfiles import csv_layout, plan_csv, read_csv_unit
+from raymt.pipeline.errors import InputError
+from raymt.pipeline.workunit import Columns, InputChanged, UnitRows, WorkUnit, check_content  # noqa: F401
 from raymt.pipeline.listing import check_apart, list_inputs  # noqa: F401 - (check_apart: re-exported)
 from raymt.pipeline.ledger import file_version
 from raymt.pipeline.formats import (ParsedRow, compression_of, input_kind, missing_id, parse_jsonl,
@@ -53,35 +55,6 @@ logger = logging.getLogger(__name__)
 
 class CorruptInput(InputError):
     """A Parquet file whose footer cannot be read."""
-
-
-class InputChanged(InputError, JobStopped):
-    """An input file is not what the plan recorded: translating on would mix old and new text."""
-
-
-@dataclass(frozen=True, slots=True)
-class Columns:
-    text: str = "text"
-    id: str | None = None  # None: use "id" if present, else the global row number
-    reference: str | None = None
-    tsv_column: int = 1  # a TSV input's text column, 1-based (as ``cut -f``)
-    source_lang: str | None = None  # M2M100 / NLLB: a Parquet column / JSONL field of per-row source languages
-    target_lang: str | None = None  # ... and of per-row target languages (an empty cell: the job's language)
-
-
-@dataclass(frozen=True, slots=True)
-class WorkUnit:
-    name: str  # stable: "<file index>-<first row>"
-    path: str  # fsspec URL of the file
-    start: int  # first row within the file
-    stop: int  # one past the last row
-    offset: int  # global row number of ``start``
-    id_column: str | None  # resolved: the id column to read, or None for row numbers
-    byte_start: int | None = None  # text files: the byte range of rows ``start:stop`` (read alone)
-    byte_stop: int | None = None
-    size: int | None = None  # the file's size and version (mtime or ETag) when planned: checked at every read
-    version: str | None = None
-    checksum: str | None = None  # of the unit's bytes (line files) or the file's footer (Parquet): checked at every read
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +101,6 @@ def plan_units(url: str, columns: Columns, unit_rows: int | Callable[[int], int]
     versions = [file_version(path) for path in files]  # before reading: a file changed meanwhile is refused below
     for index, path in enumerate(files):
         if input_kind(path) == "csv":  # records, not lines: a quoted field may hold newlines
-            from raymt.pipeline.csvfiles import plan_csv  # (it builds on this module)
             rows, id_column, layout = plan_csv(path, columns, known)
             found.append((index, path, rows, id_column, layout))
             continue
@@ -174,7 +146,6 @@ def plan_units(url: str, columns: Columns, unit_rows: int | Callable[[int], int]
 def _second_layout(path: str, unit_rows: int) -> TextLayout:
     """A line or CSV file's layout once the unit size is known."""
     if input_kind(path) == "csv":
-        from raymt.pipeline.csvfiles import csv_layout
         return csv_layout(path, unit_rows)
     return _text_layout(path, unit_rows)
 
@@ -256,18 +227,6 @@ def check_schema(path: str, schema: pa.Schema, columns: Columns) -> str | None:
     return id_column
 
 
-@dataclass(frozen=True, slots=True)
-class UnitRows:
-    ids: list[str | None]
-    rows: list[int]
-    texts: list  # str | bytes | None
-    references: list[str] | None
-    problems: list[str | None] | None = None  # per row: why its line could not be parsed (TSV / JSONL), or None
-    fields: list[str | None] | None = None  # per row: a JSONL line's other fields (a JSON object's text)
-    source_langs: list[str | None] | None = None  # per row: its source language (``Columns.source_lang``)
-    target_langs: list[str | None] | None = None  # per row: its target language (``Columns.target_lang``)
-
-
 def read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
     """The rows of one unit (only the needed columns and row groups of its file are read)."""
     check_pinned(unit.path, unit.size, unit.version)
@@ -299,7 +258,6 @@ def read_parquet_rows(unit: WorkUnit, pick: Callable[[list[str]], list[str]]) ->
 def _read_unit(unit: WorkUnit, columns: Columns) -> UnitRows:
     rows = list(range(unit.offset, unit.offset + unit.stop - unit.start))
     if input_kind(unit.path) == "csv":
-        from raymt.pipeline.csvfiles import read_csv_unit
         return read_csv_unit(unit, columns, rows)
     if input_kind(unit.path) != "parquet":
         return line_rows(unit, columns, read_unit_lines(unit), rows)
@@ -344,15 +302,6 @@ def read_unit_lines(unit: WorkUnit) -> list[bytes]:
         raise InputChanged(f"{unit.path}: rows {unit.start}..{unit.stop} hold {len(lines)} lines where the plan "
                            f"counted {unit.stop - unit.start}: the file changed after planning")
     return lines
-
-
-def check_content(unit: WorkUnit, checksum: str) -> None:
-    """Raise ``InputChanged`` unless what a unit read has the checksum the plan recorded."""
-    if unit.checksum is not None and checksum != unit.checksum:
-        what = "footer" if input_kind(unit.path) == "parquet" else f"rows {unit.start}..{unit.stop}"
-        raise InputChanged(f"input {unit.path} changed since the job planned it (unit {unit.name}: the content of its "
-                           f"{what} differs, though its size and time may not): translating on would mix old and new "
-                           f"text. Restore the file, or rerun with --restart to translate the new input afresh")
 
 
 def line_rows(unit: WorkUnit, columns: Columns, lines: list[bytes], rows: list[int]) -> UnitRows:

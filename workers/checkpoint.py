@@ -36,6 +36,7 @@ from raymt.workers.model import MarianModel
 from raymt.workers import m2m100
 from raymt.workers.lang_tokenizer import LanguageTokenizer, load_language_tokenizer
 from raymt.workers.tokenizer import MarianTokenizer, load_vocab
+from raymt.workers.tokenizer_json import MARIAN_JSON_NOTE, TOKENIZER_JSON
 
 logger = logging.getLogger(__name__)
 Reader = Callable[[str], "bytes | None"]
@@ -242,7 +243,8 @@ def load_tokenizer(read: Reader) -> tuple[MarianTokenizer | LanguageTokenizer, M
     files = {name: read(name) for name in ("source.spm", "target.spm", "vocab.json")}
     missing = [n for n, b in files.items() if b is None]
     if missing:
-        raise FileNotFoundError(f"checkpoint lacks tokenizer files {missing}")
+        note = MARIAN_JSON_NOTE if read(TOKENIZER_JSON) is not None else ""
+        raise FileNotFoundError(f"checkpoint lacks tokenizer files {missing}{note}")
     target_vocab = None
     if separate_target_vocab(cfg, hf):
         raw_tv = read("target_vocab.json")

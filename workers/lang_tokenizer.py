@@ -15,21 +15,35 @@ Two directory styles, told apart by the files the model directory holds:
 * M2M100: ``vocab.json`` (piece -> id) + ``sentencepiece.bpe.model``; language codes ``__de__``
   numbered after the vocabulary in the order of fairseq's list (``language_codes`` of
   ``tokenizer_config.json``: "m2m100", the default, or "wmt21"), as HF numbers them.
+
+Without ``sentencepiece.bpe.model``, ``tokenizer.json`` segments instead (``workers/tokenizer_json.py``:
+transformers 5 saves NLLB's fast tokenizer only), giving the same ids and text: NLLB's vocabulary is
+then the file's model vocabulary (HF's conversion already holds fairseq's offset), M2M100's is
+``vocab.json``, or the file's model vocabulary when there is none.
 """
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 from collections.abc import Callable, Sequence
 
 import sentencepiece as spm
 
 from raymt.workers.tokenizer import SPIECE_UNDERLINE, SpecialIds, load_vocab
+from raymt.workers.tokenizer_json import TOKENIZER_JSON, JsonPieces, load_json_pieces
 
+logger = logging.getLogger(__name__)
 Reader = Callable[[str], "bytes | None"]
+PieceModel = "spm.SentencePieceProcessor | JsonPieces"  # what segments: encode(text, out_type=str), decode_pieces
+
+SPM_FILE = "sentencepiece.bpe.model"
+MISSING_TOKENIZER = (f"checkpoint has no tokenizer: it needs {SPM_FILE} or {TOKENIZER_JSON} (transformers 5 saves "
+                     f"only {TOKENIZER_JSON}: both work); copy one from the model it was fine-tuned from")
 
 NLLB_CODE = re.compile(r"^[a-z]{3}_[A-Z][a-z]{3}$")  # deu_Latn
+M2M100_TOKEN = re.compile(r"^__[a-z]{2,3}__$")  # __de__
 FAIRSEQ_OFFSET = 1  # NLLB: sentencepiece id i is model id i + 1
 NLLB_SPECIALS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
 # HF M2M100Tokenizer's fairseq lists: a code's id is len(vocab.json) + its index here
@@ -54,9 +68,9 @@ class LanguageTokenizer:
     keeps (special tokens and language codes drop out); ``languages``: code -> id (codes as the
     user writes them: ``deu_Latn`` for NLLB, ``de`` for M2M100, which also accepts ``__de__``)."""
 
-    def __init__(self, spm_model: bytes, vocab: dict[str, int], languages: dict[str, int], special: SpecialIds,
+    def __init__(self, pieces: PieceModel, vocab: dict[str, int], languages: dict[str, int], special: SpecialIds,
                  *, style: str, dropped: Sequence[int] = ()) -> None:
-        self.spm = spm.SentencePieceProcessor(model_proto=spm_model)
+        self.spm = pieces  # sentencepiece, or tokenizer.json's segmentation (``JsonPieces``)
         self.source_spm = self.target_spm = self.decode_spm = self.spm
         self.style = style  # "nllb" or "m2m100"
         self.vocab = vocab
@@ -196,11 +210,9 @@ def _added_tokens(read: Reader) -> dict[str, int]:
     return added
 
 
-def nllb_tokenizer(spm_model: bytes, read: Reader) -> LanguageTokenizer:
+def nllb_tokenizer(pieces: PieceModel, read: Reader) -> LanguageTokenizer:
     """NLLB's fairseq-offset vocabulary, its language codes' ids from the directory's tokenizer files."""
-    proc = spm.SentencePieceProcessor(model_proto=spm_model)
-    vocab = {proc.id_to_piece(i): i + FAIRSEQ_OFFSET for i in range(proc.get_piece_size())
-             if not (proc.is_unknown(i) or proc.is_control(i))}
+    vocab = pieces.vocab() if isinstance(pieces, JsonPieces) else _fairseq_vocab(pieces)
     vocab.update(NLLB_SPECIALS)
     added = _added_tokens(read)
     languages = {c: i for c, i in added.items() if NLLB_CODE.match(c)}
@@ -209,31 +221,63 @@ def nllb_tokenizer(spm_model: bytes, read: Reader) -> LanguageTokenizer:
                                 "tokenizer_config.json")
     dropped = [NLLB_SPECIALS["<s>"]] + [i for c, i in added.items() if c == "<mask>"]
     special = SpecialIds(NLLB_SPECIALS["</s>"], NLLB_SPECIALS["<unk>"], NLLB_SPECIALS["<pad>"])
-    return LanguageTokenizer(spm_model, vocab, languages, special, style="nllb", dropped=dropped)
+    return LanguageTokenizer(pieces, vocab, languages, special, style="nllb", dropped=dropped)
 
 
-def m2m100_tokenizer(spm_model: bytes, vocab_json: bytes, read: Reader) -> LanguageTokenizer:
-    """M2M100's ``vocab.json``; codes ``__xx__`` numbered after it as HF's ``M2M100Tokenizer`` numbers them."""
-    vocab = load_vocab(vocab_json)
+def _fairseq_vocab(proc: spm.SentencePieceProcessor) -> dict[str, int]:
+    """Sentencepiece's pieces at fairseq's ids (id i -> i + 1; unknown and control pieces left out)."""
+    return {proc.id_to_piece(i): i + FAIRSEQ_OFFSET for i in range(proc.get_piece_size())
+            if not (proc.is_unknown(i) or proc.is_control(i))}
+
+
+def m2m100_tokenizer(pieces: PieceModel, vocab_json: bytes | None, read: Reader) -> LanguageTokenizer:
+    """M2M100's ``vocab.json`` (else, segmenting with tokenizer.json, that file's model vocabulary); codes
+    ``__xx__`` numbered after it as HF's ``M2M100Tokenizer`` numbers them."""
+    vocab = load_vocab(vocab_json) if vocab_json is not None else pieces.vocab()
+    source = "vocab.json" if vocab_json is not None else f"{TOKENIZER_JSON}'s vocabulary"
     missing = [t for t in ("</s>", "<unk>", "<pad>") if t not in vocab]
     if missing:
-        raise ValueError(f"vocab.json lacks special tokens {missing}")
+        raise ValueError(f"{source} lacks special tokens {missing}")
     which = _json(read, "tokenizer_config.json").get("language_codes", "m2m100")
     if which not in M2M100_CODES:
         raise ValueError(f"tokenizer_config.json language_codes={which!r} (supported: {sorted(M2M100_CODES)})")
     languages = {c: len(vocab) + i for i, c in enumerate(M2M100_CODES[which])}
     special = SpecialIds(vocab["</s>"], vocab["<unk>"], vocab["<pad>"])
     dropped = [vocab[t] for t in ("<s>",) if t in vocab]
-    return LanguageTokenizer(spm_model, vocab, languages, special, style="m2m100", dropped=dropped)
+    return LanguageTokenizer(pieces, vocab, languages, special, style="m2m100", dropped=dropped)
+
+
+def segmentation(read: Reader) -> PieceModel:
+    """``sentencepiece.bpe.model`` when the directory has it, else ``tokenizer.json``'s segmentation;
+    FileNotFoundError naming both when it has neither."""
+    spm_model = read(SPM_FILE)
+    if spm_model is not None:
+        return spm.SentencePieceProcessor(model_proto=spm_model)
+    raw = read(TOKENIZER_JSON)
+    if raw is None:
+        raise FileNotFoundError(MISSING_TOKENIZER)
+    logger.info("no %s: segmenting with %s (the tokenizers library)", SPM_FILE, TOKENIZER_JSON)
+    return load_json_pieces(raw)
+
+
+def _m2m100_style(read: Reader, pieces: PieceModel, has_vocab_json: bool) -> bool:
+    """M2M100 (else NLLB): a ``vocab.json`` unless ``tokenizer_config.json`` names NLLB's class; without
+    one (tokenizer.json only), the class ``M2M100Tokenizer`` or added tokens ``__xx__``."""
+    named = str(_json(read, "tokenizer_config.json").get("tokenizer_class", "")).lower()
+    if "nllb" in named:
+        return False
+    if has_vocab_json:
+        return True
+    if not isinstance(pieces, JsonPieces):
+        return False  # (sentencepiece without vocab.json: NLLB's fairseq ids)
+    return "m2m100" in named or any(M2M100_TOKEN.match(c) for c in _added_tokens(read))
 
 
 def load_language_tokenizer(read: Reader) -> LanguageTokenizer:
     """The tokenizer an M2M100 / NLLB directory's own files give (module docstring)."""
-    spm_model = read("sentencepiece.bpe.model")
-    if spm_model is None:
-        raise FileNotFoundError("checkpoint lacks tokenizer file sentencepiece.bpe.model")
+    read = functools.cache(read)  # (tokenizer.json and tokenizer_config.json are read by several steps)
+    pieces = segmentation(read)
     vocab_json = read("vocab.json")
-    nllb = "nllb" in str(_json(read, "tokenizer_config.json").get("tokenizer_class", "")).lower()
-    if vocab_json is not None and not nllb:
-        return m2m100_tokenizer(spm_model, vocab_json, read)
-    return nllb_tokenizer(spm_model, read)
+    if _m2m100_style(read, pieces, vocab_json is not None):
+        return m2m100_tokenizer(pieces, vocab_json, read)
+    return nllb_tokenizer(pieces, read)
