@@ -28,6 +28,7 @@ import time
 from raymt.pipeline.alignment import SPACES, frequency_table, lexical_table
 from raymt.pipeline.corpus import read_corpus
 from raymt.pipeline.extras import MissingExtra, require, require_for_url
+from raymt.pipeline.hub import HubError
 from raymt.pipeline.shortlists import save_language_tables, save_table
 from raymt.pipeline.storage import model_reader
 from raymt.workers.config import SearchConfig
@@ -40,7 +41,7 @@ SELF_BUILT_SAMPLE = 10_000  # lines translated for a self-built table unless --s
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="checkpoint directory, fsspec URL or hub id (org/name[@revision])")
     p.add_argument("--source", help="source side (bitext, or monolingual with --self-built)")
     p.add_argument("--target", help="target side of the bitext")
     p.add_argument("--output", required=True)
@@ -73,7 +74,10 @@ def main(argv: list[str] | None = None) -> None:
     except MissingExtra as e:
         raise SystemExit(f"error: {e}") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    translator = Translator.load(model_reader(args.model))
+    try:
+        translator = Translator.load(model_reader(args.model))  # (a hub id: fetched into the hub cache first)
+    except HubError as e:
+        raise SystemExit(f"error: {e}") from None
     tok = translator.checkpoint.tokenizer
     start = time.perf_counter()
     if isinstance(tok, LanguageTokenizer) or args.target_lang:

@@ -17,7 +17,8 @@ import dataclasses
 import json
 import logging
 
-from raymt.jobs.translate import JOB_ERRORS, build_parser, decode_config, pipeline_config
+from raymt.jobs.translate import JOB_ERRORS, build_parser, decode_config, model_search, pipeline_config
+from raymt.workers.generation import UnsupportedGeneration
 from raymt.pipeline.distill import Filters, write_distilled
 from raymt.pipeline.run import run_pipeline
 
@@ -40,12 +41,12 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     summaries = []
     try:  # the distilled files are written under the output's lease, like every other file of the job
-        pc = pipeline_config(args, decode_config(args))
+        pc = pipeline_config(args, decode_config(args, model_search(args)))
         pc = dataclasses.replace(pc, decoder=dataclasses.replace(pc.decoder, parts=dataclasses.replace(
             pc.decoder.parts, token_logprobs=args.token_logprobs, keep_reference=bool(args.target_column))))
         result = run_pipeline(pc, finish=lambda store: summaries.append(
             write_distilled(store, Filters(args.max_length_ratio, args.min_score))))
-    except JOB_ERRORS as e:
+    except (*JOB_ERRORS, UnsupportedGeneration) as e:
         raise SystemExit(f"error: {e}") from None
     summary = summaries[0]
     print(f"distilled {result.rows} rows in {result.seconds:.1f}s ({result.tokens_per_second:.0f} target tokens/s) "

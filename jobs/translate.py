@@ -8,6 +8,8 @@ Runs on the cluster at ``RAY_ADDRESS`` (or the job's cluster under ``ray job sub
 local one; a small job (``--local-rows``, default 1000) with no cluster address, or any job with
 ``--in-process``, runs the same worker code in this process without starting Ray.
 
+``--model``: a model directory, an fsspec URL, or a Hugging Face hub id (``org/name[@revision]``, fetched
+into the hub cache and pinned to its commit; ``HF_HOME``, ``HF_TOKEN``, ``HF_HUB_OFFLINE`` as in every HF tool).
 ``--input``: text (one sentence a line), ``.tsv`` (``--column N``), ``.jsonl`` (``--text-field``), ``.csv``
 (a header row naming the columns), each also ``.gz`` / ``.bz2`` / ``.xz`` / ``.zst``, a ``.parquet`` file
 (CSV and Parquet: columns ``--text-column``, optional ``--id-column`` / ``--reference-column``), or a
@@ -46,6 +48,7 @@ from raymt.pipeline.dispatch import Health
 from raymt.pipeline.errors import JobStopped, os_error_line
 from raymt.pipeline.extras import MissingExtra, require
 from raymt.pipeline.guards import OutputRefused
+from raymt.pipeline.hub import HubError, hub_id
 from raymt.pipeline.driver import DecodersUnavailable, ResourcesUnavailable
 from raymt.pipeline.ledger import OutputBusy, PlanMismatch
 from raymt.pipeline.model_check import ModelError
@@ -54,18 +57,21 @@ from raymt.pipeline.run import PipelineConfig, PipelineResult, UnitsFailed, acto
 from raymt.pipeline.settings import DecoderSettings, PartColumns
 from raymt.pipeline.shortlists import load_shortlist, shortlist_for
 from raymt.pipeline.sink import OutputStore
-from raymt.pipeline.storage import storage_options
+from raymt.pipeline.storage import model_reader, storage_options
 from raymt.pipeline.stream import STDIO, translate_stream
 from raymt.pipeline.units import Columns, InputError
 from raymt.workers.config import FAST_PRUNING, PruningConfig, SearchConfig
 from raymt.workers.decode_config import DEFAULTS, BatchingConfig, DecodeConfig, RuntimeConfig, ShortlistSource
 from raymt.workers.device import CPU_DEFAULTS, GPU_DEFAULTS, BatchingDefaults, DeviceUnavailable, on_gpu
+from raymt.workers.generation import UnsupportedGeneration, language_code, read_generation
 from raymt.workers.isa import bf16_refusal, detect as detect_isa
-from raymt.workers.lang_tokenizer import LanguageError
+from raymt.workers.lang_tokenizer import LanguageError, load_language_tokenizer
 from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from raymt.workers.speedups import EXACT, CpuSpeedups, precision_refusal
 from raymt.workers.static_step import StaticStep
 from raymt.workers.translator import Translator
+
+logger = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,14 +79,43 @@ def build_parser() -> argparse.ArgumentParser:
     return _build_parser(__doc__)
 
 
-def search_config(args: argparse.Namespace) -> SearchConfig:
+def search_config(args: argparse.Namespace, base: SearchConfig = DEFAULTS.search) -> SearchConfig:
+    """The search flags over ``base`` (``model_search``: the model's own generation defaults, or the
+    product's): a flag given wins, one left out (None) keeps ``base``'s value."""
     pruning = PruningConfig(rp=args.rp, ap=args.ap, rpl=args.rpl, mc=args.mc, delta=args.delta,
                             early_stop=args.early_stop)
     if args.fast and not pruning.active:
         pruning = FAST_PRUNING
-    return SearchConfig(beam_size=args.beam_size, num_hypotheses=args.nbest, length_penalty=args.length_penalty,
-                        max_decoding_length=args.max_length, max_length_a=args.max_length_a,
-                        max_length_b=args.max_length_b, pruning=pruning)
+    flags = {"beam_size": args.beam_size, "length_penalty": args.length_penalty, "max_decoding_length": args.max_length,
+             "max_length_a": args.max_length_a, "max_length_b": args.max_length_b,
+             "early_stopping": args.early_stopping}
+    try:
+        return replace(base, **{k: v for k, v in flags.items() if v is not None}, num_hypotheses=args.nbest,
+                       pruning=pruning)
+    except ValueError as e:
+        if args.beam_size is None and base != DEFAULTS.search:  # (the beam size came from the model)
+            raise ValueError(f"{e} (the model's generation_config.json asks for num_beams {base.beam_size}; "
+                             "give --beam-size)") from None
+        raise
+
+
+def model_search(args: argparse.Namespace) -> SearchConfig:
+    """The search the flags apply over: an M2M100 / NLLB model's own generation defaults
+    (``raymt.workers.generation``: what HF ``generate`` runs on that directory), else the product's
+    (a Marian model, or one that cannot be read here: the job names what is wrong with it). A
+    target language the model's settings force (``forced_bos_token_id``) becomes ``--target-lang``'s
+    default. Settings the decoder does not implement raise ``UnsupportedGeneration``."""
+    try:
+        read = model_reader(model_arg(args.model))
+        defaults = read_generation(read)
+        if defaults is not None and args.target_lang is None and defaults.forced_bos_token_id is not None:
+            args.target_lang = language_code(load_language_tokenizer(read), defaults.forced_bos_token_id)
+    except (UnsupportedGeneration, HubError):  # (a hub id that cannot be fetched now will not be later)
+        raise
+    except (OSError, ValueError, ImportError) as e:  # (OSError: also a missing file)
+        logger.debug("the model's generation settings not read (%s): the product's search defaults", e)
+        return DEFAULTS.search
+    return DEFAULTS.search if defaults is None else defaults.search(DEFAULTS.search)
 
 
 def batching_of(args: argparse.Namespace) -> str:
@@ -116,12 +151,12 @@ def batching_config(args: argparse.Namespace) -> BatchingConfig:
                           else None)
 
 
-def decode_config(args: argparse.Namespace) -> DecodeConfig:
-    """The flags' one ``DecodeConfig``: search, batching, runtime, shortlist (local paths absolute) and
-    the row limit."""
+def decode_config(args: argparse.Namespace, search: SearchConfig = DEFAULTS.search) -> DecodeConfig:
+    """The flags' one ``DecodeConfig``: search (the flags over ``search``, ``model_search``'s), batching,
+    runtime, shortlist (local paths absolute) and the row limit."""
     shortlist = ShortlistSource(local_path(args.shortlist), top_m=args.shortlist_m, top_n=args.shortlist_n) \
         if args.shortlist else None
-    return DecodeConfig(search=search_config(args), batching=batching_config(args),
+    return DecodeConfig(search=search_config(args, search), batching=batching_config(args),
                         runtime=RuntimeConfig(device=device_of(args), threads=args.threads, speedups=speedups_of(args)),
                         shortlist=shortlist, max_row_chars=args.max_row_chars)
 
@@ -183,7 +218,7 @@ def single_file(url: str) -> bool:
 
 
 def decoder_settings(args: argparse.Namespace, decode: DecodeConfig, one_file: bool) -> DecoderSettings:
-    return DecoderSettings(model=local_path(args.model),
+    return DecoderSettings(model=model_arg(args.model),
                            output=local_path(args.output + ".parts" if one_file else args.output),
                            decode=decode, signature=signature(args, decode),
                            parts=PartColumns(evaluate=args.evaluate, passthrough=not args.no_passthrough),
@@ -212,6 +247,12 @@ def columns_of(args: argparse.Namespace) -> Columns:
                    source_lang=args.source_lang_column, target_lang=args.target_lang_column)
 
 
+def model_arg(model: str) -> str:
+    """``--model`` as the job takes it: a Hugging Face hub id as it is (fetched by the job,
+    ``pipeline/hub.py``), a local path absolute (``local_path``)."""
+    return model if hub_id(model) else local_path(model)
+
+
 def local_path(url: str) -> str:
     """Absolute paths for local files, so actors find them whatever their working directory."""
     return url if url == STDIO or "://" in url or os.environ.get("RAY_JOB_ID") or os.environ.get("RAYMT_KEEP_RELATIVE") \
@@ -219,7 +260,7 @@ def local_path(url: str) -> str:
 
 
 JOB_ERRORS = (InputError, ModelError, PlanMismatch, OutputBusy, DecodersUnavailable, UnitsFailed, ResourcesUnavailable,
-              DeviceUnavailable, JobStopped, OutputRefused, MissingExtra, LanguageError)
+              DeviceUnavailable, JobStopped, OutputRefused, MissingExtra, LanguageError, HubError)
 
 
 def run(args: argparse.Namespace, decode: DecodeConfig) -> None:
@@ -305,7 +346,11 @@ def main(argv: list[str] | None = None) -> None:
     args.shortlist = shortlist_for(args.shortlist, args.model)  # a Marian directory's lex.s2t by default
     precision_check(args)
     try:
-        decode = decode_config(args)
+        search = model_search(args)
+    except (UnsupportedGeneration, HubError) as e:
+        raise SystemExit(f"error: {e}") from None
+    try:
+        decode = decode_config(args, search)
     except ValueError as e:  # e.g. --nbest above --beam-size: a usage error, not a traceback
         parser.error(str(e))
     if args.tsv_column < 1:

@@ -2,7 +2,9 @@
 input, output, beam, n-best, device, decoders, threads), then input columns, search, precision,
 shortlist, scheduling and batching, the Ray cluster and fault tolerance; research knobs (beam
 pruning, VAR-STREAM's refill) last. Every default is read from ``raymt.workers.decode_config``'s
-one table, the one ``Translator`` decodes with too.
+one table, the one ``Translator`` decodes with too; the search flags (``--beam-size``, the length
+flags, ``--length-penalty``, ``--early-stopping``) default to None, so that a flag left out takes an
+M2M100 / NLLB model's own generation setting (``raymt.workers.generation``) and a flag given wins.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from raymt.workers.decode_config import DEFAULTS, SCHEDULE, SHORTLIST
 from raymt.workers.scheduler import CapacityUnit, Policy
 
 SEARCH = DEFAULTS.search
+GENERATION = "the model's generation_config.json (M2M100 / NLLB)"
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -46,7 +49,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
 
 
 def add_user_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="checkpoint directory or fsspec URL")
+    p.add_argument("--model", required=True, help="checkpoint directory, fsspec URL or hub id (org/name[@revision])")
     p.add_argument("--input", required=True, help="a text file (a sentence a line), .tsv, .csv (a header row), "
                    ".jsonl, each also .gz/.bz2/.xz/.zst, a .parquet file, or a directory / prefix of them (local or "
                    "URL); '-': standard input, translated in this process without Ray")
@@ -57,7 +60,8 @@ def add_user_flags(p: argparse.ArgumentParser) -> None:
                    "e.g. deu_Latn (NLLB) or de (M2M100)")
     p.add_argument("--target-lang", help="M2M100 / NLLB-200 models (required there): the target language code, "
                    "forced as each translation's first token, e.g. fra_Latn (NLLB) or fr (M2M100)")
-    p.add_argument("--beam-size", type=int, default=SEARCH.beam_size, help="beam width (1: greedy)")
+    p.add_argument("--beam-size", type=int, help=f"beam width (1: greedy); default: {GENERATION}, else "
+                   f"{SEARCH.beam_size}")
     p.add_argument("--nbest", type=int, default=SEARCH.num_hypotheses, help="hypotheses kept per sentence (<= beam "
                    "size): a list column in .parquet / .jsonl, 'K ||| hypothesis ||| F0= score ||| score' lines in text")
     p.add_argument("--device", type=device_name, metavar="{auto,cpu,cuda,cuda:N}",
@@ -97,12 +101,20 @@ def add_input_flags(g) -> None:
 
 
 def add_search_flags(g) -> None:
-    g.add_argument("--length-penalty", type=float, default=SEARCH.length_penalty,
-                   help="score / length ** penalty (HF semantics)")
-    g.add_argument("--max-length", type=int, default=SEARCH.max_decoding_length, help="absolute cap on generated tokens")
-    g.add_argument("--max-length-a", type=float, default=SEARCH.max_length_a,
-                   help="per-sentence cap a * source_length + b")
-    g.add_argument("--max-length-b", type=int, default=SEARCH.max_length_b, help="see --max-length-a")
+    """Every search flag left out takes the model's own generation setting (an M2M100 / NLLB directory's
+    generation_config.json, ``workers/generation.py``), else the product's default (None: not given)."""
+    g.add_argument("--length-penalty", type=float,
+                   help=f"score / length ** penalty (HF semantics); default: {GENERATION}, else "
+                        f"{SEARCH.length_penalty}")
+    g.add_argument("--max-length", type=int, help=f"absolute cap on generated tokens; default: {GENERATION}: "
+                   f"max_length - 1 or max_new_tokens, else {SEARCH.max_decoding_length}")
+    g.add_argument("--max-length-a", type=float, help=f"per-sentence cap a * source_length + b; default "
+                   f"{SEARCH.max_length_a} (0 where {GENERATION} gives a length)")
+    g.add_argument("--max-length-b", type=int, help=f"see --max-length-a; default {SEARCH.max_length_b} (the cap "
+                   f"where {GENERATION} gives a length)")
+    g.add_argument("--early-stopping", action=argparse.BooleanOptionalAction,
+                   help="HF's early_stopping: a sentence is done once it holds --beam-size finished hypotheses, "
+                        f"not once none of its running beams can beat them; default: {GENERATION}, else off")
 
 
 def add_precision_flags(g) -> None:

@@ -1,14 +1,15 @@
 """The Python API, ``raymt.Translator``: load a model once, translate lists of strings.
 
     from raymt import Translator
-    translator = Translator.load("models/opus-mt-de-en")        # a directory or a URL (s3://...); device="cuda"
+    translator = Translator.load("models/opus-mt-de-en")        # a directory, URL (s3://...) or hub id; device="cuda"
     translator.translate(["Ein Hund rennt über die Wiese."])      # ['A dog runs across the meadow.']
     translator.translate(texts, beam_size=2, nbest=2)             # per text [(hypothesis, score), ...]
 
 It decodes with the command line's defaults (``raymt.workers.decode_config.DEFAULTS``: the same
-search, the device's batching) and prepares rows as the job does (``raymt.workers.rows``: bad cells
-translate to "" with a status, cells longer than the model's positions are split and joined), so a
-line translates the same through ``raymt translate``, this API and the Ray Data operator.
+search, with an M2M100 / NLLB directory's own generation settings over it, the device's batching)
+and prepares rows as the job does (``raymt.workers.rows``: bad cells translate to "" with a status,
+cells longer than the model's positions are split and joined), so a line translates the same
+through ``raymt translate``, this API and the Ray Data operator.
 """
 from __future__ import annotations
 
@@ -62,21 +63,27 @@ class Translator:
 
     @classmethod
     def load(cls, model: str, *, device: str = "cpu", compute_type: str = "float32", threads: int = 0,
-             shortlist: str | ShortlistSource | None = None, search: SearchConfig = DEFAULTS.search,
+             shortlist: str | ShortlistSource | None = None, search: SearchConfig | None = None,
              max_batch_tokens: int = 0, max_row_chars: int = DEFAULTS.max_row_chars) -> Translator:
-        """``model``: a model directory, local or a URL (``s3://``, ``gs://``, any fsspec URL).
+        """``model``: a model directory, local or a URL (``s3://``, ``gs://``, any fsspec URL), or a
+        Hugging Face hub id (``org/name[@revision]``: fetched into the hub cache, ``pipeline/hub.py``).
         ``device``: cpu | cuda | cuda:N | auto. ``compute_type``: float32 | int8 | bfloat16 | float16.
         ``threads``: torch intra-op threads (0: torch's default). ``shortlist``: a lex.s2t or .vmap
-        file (``raymt build-shortlist``; M2M100 / NLLB: or a directory of ``<code>.s2t`` per target language), or a ``ShortlistSource`` to set its top_m / top_n too. ``search``: the default search of ``translate``.
+        file (``raymt build-shortlist``; M2M100 / NLLB: or a directory of ``<code>.s2t`` per target language), or a ``ShortlistSource`` to set its top_m / top_n too. ``search``: the default search of ``translate``;
+        None: the model's own (``core.model_search_config()``: an M2M100 / NLLB directory's generation
+        settings, the command line's defaults for a Marian one).
         ``max_batch_tokens`` > 0: cap each decode step by source tokens instead of sentences.
         ``max_row_chars``: a longer text translates to "" with status ``too_long`` (0: no limit)."""
         on_gpu = resolve_device(device).type == "cuda"
-        decode = DecodeConfig(search=search,
+        decode = DecodeConfig(search=search or DEFAULTS.search,
                               batching=batching_for(on_gpu, shortlist=bool(shortlist), max_batch_tokens=max_batch_tokens),
                               runtime=RuntimeConfig(device=device, threads=threads, speedups=speedups_for(compute_type)),
                               shortlist=ShortlistSource(shortlist) if isinstance(shortlist, str) else shortlist,
                               max_row_chars=max_row_chars)
-        return cls.from_config(model, decode)
+        translator = cls.from_config(model, decode)
+        if search is None:
+            translator.decode = replace(decode, search=translator.core.model_search_config())
+        return translator
 
     @classmethod
     def from_config(cls, model: str, decode: DecodeConfig) -> Translator:

@@ -2,7 +2,8 @@
 
 ``_PLAN.json`` records, once, what the committed units of an output were cut from and how they
 were decoded: every input file (path, size, version: mtime or ETag), the columns, the unit size
-and the unit count, the search signature and the model's files. A unit's name
+and the unit count, the search signature and the model's files (a hub model's as
+``hf://org/name@<commit>/<file>``: a resume fetches that commit, ``pipeline/hub.py``). A unit's name
 (``<file index>-<first row>``) means the same rows only under the same plan, so a rerun whose plan
 differs is refused with what differs (``PlanMismatch``), never mixed; ``--restart`` discards the
 output's own files and starts afresh.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, replace
 
 import fsspec
@@ -50,6 +52,15 @@ def model_files(url: str) -> list[dict]:
         files = [(f"{url.rstrip('/')}/{name}", f"{root.rstrip('/')}/{name}") for name in MODEL_FILES
                  if fs.exists(f"{root.rstrip('/')}/{name}")]
     return [{**file_version(u), **({"sha256": file_digest(p)} if on_disk(fs) else {})} for u, p in files]
+
+
+def snapshot_files(folder: str, url: str, version: str) -> list[dict]:
+    """The files of a local hub snapshot ``folder`` as a plan records them: named under ``url``
+    (``hf://org/name@<commit>``), versioned by the commit, pinned by content; the same on every machine,
+    whatever the path of its cache (``pipeline/hub.py``)."""
+    found = [(name, os.path.join(folder, name)) for name in MODEL_FILES if os.path.isfile(os.path.join(folder, name))]
+    return [{"path": f"{url}/{name}", "size": os.path.getsize(p), "version": version, "sha256": file_digest(p)}
+            for name, p in found]
 
 
 def model_pins(files: tuple[dict, ...] | list[dict], model: str) -> tuple[tuple[str, str], ...]:

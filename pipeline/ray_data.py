@@ -7,7 +7,8 @@
 
 Every other column passes through; a ``translation`` column (``output_column``) and a
 ``translation_error`` column (null, or why the row was not translated) are added. Search settings
-and batching default to the command line's (``raymt.workers.decode_config``). One model per actor,
+and batching default to the command line's (``raymt.workers.decode_config``; an M2M100 / NLLB
+directory's own generation settings, ``raymt.workers.generation``). One model per actor,
 loaded in the constructor; on a GPU pass ``num_gpus=1`` to ``map_batches`` and ``device="cuda"``.
 Unlike the job (``raymt translate``) the operator has no ledger: no exactly-once commits, no resume.
 """
@@ -21,7 +22,6 @@ import numpy as np
 import pyarrow as pa
 
 from raymt.workers.config import SearchConfig
-from raymt.workers.decode_config import DEFAULTS
 from raymt.workers.inputs import MAX_ROW_CHARS, too_long
 from raymt.workers.lang_tokenizer import LanguageError, LanguageTokenizer, per_row_languages, row_language_problems
 
@@ -94,18 +94,22 @@ class Translate:
     """A callable class for ``Dataset.map_batches``: translates ``column`` into ``output_column``.
 
     The model loads once per actor through the Python API (``raymt.Translator.load``: ``model`` a
-    directory or URL, ``device`` cpu | cuda | cuda:N | auto, ``compute_type`` float32 | int8 |
-    bfloat16 | float16, ``threads``, ``shortlist``, ``max_batch_tokens``); ``search``: the beam search
-    (default: the command line's). Cells go through the job's row path (``raymt.workers.rows``): a
-    cell longer than the model's positions is split and joined, control characters are removed, and
-    a cell of more than ``max_row_chars`` characters (0: no limit) gets "" and ``too_long: <n>
-    characters, ...`` in ``translation_error`` without being decoded.
+    directory, URL or Hugging Face hub id, which each actor fetches into its node's hub cache:
+    ``org/name@<commit>`` pins every actor to one revision), ``device`` cpu | cuda | cuda:N | auto,
+    ``compute_type`` float32 | int8 | bfloat16 | float16, ``threads``, ``shortlist``,
+    ``max_batch_tokens``); ``search``: the beam search (default: the command line's, an M2M100 /
+    NLLB directory's own generation settings over it). Cells go through the job's row path
+    (``raymt.workers.rows``): a cell longer than the model's positions is split and joined, control
+    characters are removed, and a cell of more than ``max_row_chars`` characters (0: no limit) gets
+    "" and ``too_long: <n> characters, ...`` in ``translation_error`` without being decoded.
     Rows arrive in any batch format (pyarrow, pandas, numpy dicts) and leave in the same one.
 
     An M2M100 / NLLB model needs its languages: ``source_lang`` / ``target_lang`` a code for every
     row, or ``source_lang_column`` / ``target_lang_column`` a column of codes per row (an empty cell
-    takes the fixed code when one is given too); without them the constructor raises one line. A row
-    whose code is unknown (or missing) gets "" and the reason in ``translation_error``.
+    takes the fixed code when one is given too); without them the constructor raises one line (a
+    target language the model's generation settings force, ``forced_bos_token_id``, is the default
+    ``target_lang``). A row whose code is unknown (or missing) gets "" and the reason in
+    ``translation_error``.
     """
 
     def __init__(self, model: str, column: str = "text", *, output_column: str = "translation",
@@ -119,8 +123,9 @@ class Translate:
         self.column, self.output_column = column, output_column
         self._closed, self.stats = False, TranslateStats()
         self.translator = Translator.load(model, device=device, compute_type=compute_type, threads=threads,
-                                          shortlist=shortlist, search=search or DEFAULTS.search,
+                                          shortlist=shortlist, search=search,
                                           max_batch_tokens=max_batch_tokens, max_row_chars=max_row_chars)
+        target_lang = target_lang or self.translator.core.default_target_lang  # (the model's forced_bos_token_id)
         self.languages = _Languages(source_lang, target_lang, source_lang_column, target_lang_column)
         self.languages.check(self.translator.core.checkpoint.tokenizer)
         self.search, self.device = self.translator.decode.search, self.translator.core.checkpoint.model.device

@@ -1,5 +1,6 @@
 """The translate pipeline on Ray: check -> plan -> claim the output -> encoder pool -> decoder actors.
 
+    resolve_model(model)                         # a hub id fetched here, pinned to a commit (pipeline/hub.py)
     check_model(model)                           # every problem of the model directory, before Ray starts
     plan = plan_units(input)                     # footers only; bad columns fail here, before any work
     lease + plan record                          # one job per output; a rerun must have the same plan
@@ -37,7 +38,8 @@ from raymt.pipeline.formats import unread_ids
 from raymt.pipeline.guards import check_output, check_output_format, check_writable
 from raymt.pipeline.lease import Lease, LeaseLost
 from raymt.pipeline.hold import GATES
-from raymt.pipeline.ledger import PlanMismatch, PlanRecord, model_files, model_pins
+from raymt.pipeline.hub import WORKER_VARS, ResolvedModel, hub_id, resolve_model
+from raymt.pipeline.ledger import PlanMismatch, PlanRecord, model_files, model_pins, snapshot_files
 from raymt.pipeline.model_check import check_model
 from raymt.pipeline.records import JobSummary, UnitMarker
 from raymt.pipeline.settings import PipelineConfig, PipelineResult
@@ -57,7 +59,8 @@ def init_ray(**kwargs) -> None:
     """Join ``RAY_ADDRESS`` (or the job's cluster under ``ray job submit``), else start a local one.
 
     The AWS variables of the driver are passed to every worker, so s3:// works the same in actors
-    (and a fault test's gates, ``pipeline/hold.py``).
+    (and a fault test's gates, ``pipeline/hold.py``), and so are ``HF_TOKEN`` and ``HF_ENDPOINT``
+    (each node fetches a hub model into its own cache: ``pipeline/hub.py``).
     """
     import ray
     from ray.data import DataContext
@@ -66,7 +69,7 @@ def init_ray(**kwargs) -> None:
         logging.getLogger(name).setLevel(level)  # "progress bars disabled", per-dataset INFO lines
     if ray.is_initialized():
         return
-    env = {k: os.environ[k] for k in _AWS_VARS + GATES if k in os.environ}
+    env = {k: os.environ[k] for k in _AWS_VARS + WORKER_VARS + GATES if k in os.environ}
     ray.init(runtime_env={"env_vars": env} if env else None, **kwargs)
 
 
@@ -79,8 +82,12 @@ def _decoder_pool(cfg: PipelineConfig, cluster_cpus: float, cluster_gpus: float)
     return n, n, cpus, gpus
 
 
-def plan_record(cfg: PipelineConfig, plan: Plan) -> PlanRecord:
-    model = model_files(cfg.decoder.model) + (model_files(cfg.decoder.shortlist) if cfg.decoder.shortlist else [])
+def plan_record(cfg: PipelineConfig, plan: Plan, source: ResolvedModel | None = None) -> PlanRecord:
+    """The plan's record; ``source``: the model as resolved here (a hub snapshot's files are recorded
+    as ``hf://org/name@<commit>/<file>``, wherever this machine's cache is)."""
+    source = source or ResolvedModel(cfg.decoder.model)
+    model = snapshot_files(source.path, source.url, source.commit) if source.hub else model_files(source.path)
+    model += model_files(cfg.decoder.shortlist) if cfg.decoder.shortlist else []
     columns = {k: v for k, v in asdict(cfg.columns).items()  # earlier plans lack these at their defaults
                if (k, v) not in (("tsv_column", 1), ("source_lang", None), ("target_lang", None))}
     return PlanRecord(inputs=plan.versions, columns=columns,  # the versions the units are pinned to
@@ -161,12 +168,14 @@ def run_pipeline(cfg: PipelineConfig, finish: Callable[[OutputStore], object] | 
     decoder could be had for ``health.decoder_wait_s``, and ``UnitsFailed`` (after every other unit
     is committed) if some units failed every attempt.
     """
-    check_model(cfg.decoder.model)
+    source = job_model(cfg)
+    cfg = replace(cfg, decoder=replace(cfg.decoder, model=source.ref))  # what every actor loads, pinned
+    check_model(source.path, name=f"{source.ref} ({source.path})" if source.hub else None)
     fmt = check_output_format(cfg.assemble_to, cfg.decoder.search.num_hypotheses, cfg.columns.text) \
         if cfg.assemble_to else None  # a name asking for a format the job does not write: refused here
-    check_output(cfg.input, cfg.decoder.output, cfg.assemble_to, cfg.decoder.model)
+    check_output(cfg.input, cfg.decoder.output, cfg.assemble_to, source.path)
     plan: Plan = plan_units(cfg.input, cfg.columns, _unit_rows(cfg), skip_corrupt=cfg.skip_corrupt)
-    record = plan_record(cfg, plan)
+    record = plan_record(cfg, plan, source)
     check_writable(cfg.decoder.output, cfg.assemble_to)
     probe = OutputStore(cfg.decoder.output)
     if not cfg.restart and (earlier := probe.read_plan()) is not None and not earlier.pins_content:
@@ -182,7 +191,7 @@ def run_pipeline(cfg: PipelineConfig, finish: Callable[[OutputStore], object] | 
     refused = False  # by claim, under the lease (another job recorded a plan meanwhile): nothing written
     try:
         claim(store, record, cfg.restart)
-        pins = model_pins(record.model, cfg.decoder.model)
+        pins = model_pins(record.model, source.url)
         result = _run(replace(cfg, decoder=replace(cfg.decoder, plan=record.digest, fence=lease.fence, model_pins=pins)), plan,
                       store, lease)
         if cfg.assemble_to:
@@ -197,6 +206,14 @@ def run_pipeline(cfg: PipelineConfig, finish: Callable[[OutputStore], object] | 
         raise
     finally:
         lease.release(discard=refused)  # a job that wrote nothing leaves no lease files it created
+
+
+def job_model(cfg: PipelineConfig) -> ResolvedModel:
+    """The job's model resolved here (``pipeline/hub.py``): a hub id is pinned to one commit for the
+    whole job; resuming an output, to the commit its plan recorded when the id names no revision (a
+    branch that moved since does not change a resumed job's model), else to what it names now."""
+    earlier = None if cfg.restart or not hub_id(cfg.decoder.model) else OutputStore(cfg.decoder.output).read_plan()
+    return resolve_model(cfg.decoder.model, recorded=[f["path"] for f in earlier.model] if earlier else ())
 
 
 def _run(cfg: PipelineConfig, plan: Plan, store: OutputStore, lease: Lease) -> PipelineResult:

@@ -17,6 +17,7 @@ import fsspec
 
 from raymt.pipeline.errors import JobStopped, deterministic
 from raymt.pipeline.extras import require_for_url
+from raymt.pipeline.hub import ResolvedModel, resolve_model
 
 Guard = Callable[[], AbstractContextManager]  # held around the step that makes a write visible (fencing)
 
@@ -37,13 +38,15 @@ class ModelChanged(JobStopped):
     """A model file read by a decoder is not the one the job's plan recorded."""
 
 
-def model_reader(url: str, pins: tuple[tuple[str, str], ...] = ()) -> Callable[[str], bytes | None]:
+def model_reader(url: str | ResolvedModel, pins: tuple[tuple[str, str], ...] = ()) -> Callable[[str], bytes | None]:
     """A ``reader(name) -> bytes | None`` over the checkpoint at ``url`` (for raymt.workers.checkpoint): an HF
-    directory as it is, a Marian .npz directory served as one (``raymt.workers.model_formats.open_model``).
+    directory as it is, a Marian .npz directory served as one (``raymt.workers.model_formats.open_model``);
+    a Hugging Face hub id is fetched into this machine's hub cache first (``pipeline/hub.py``).
     ``pins`` are (file name, SHA-256) pairs: a file read whose bytes hash otherwise stops the job
     (``ModelChanged``), so no decoder ever loads a model other than the one the plan recorded."""
     from raymt.workers.model_formats import open_model  # (torch: only where a model is read)
-    return open_model(_pinned(directory_reader(url), url, dict(pins)), url)
+    path = (url if isinstance(url, ResolvedModel) else resolve_model(url)).path
+    return open_model(_pinned(directory_reader(path), path, dict(pins)), path)
 
 
 def _pinned(read: Callable[[str], bytes | None], url: str, pins: dict[str, str]) -> Callable[[str], bytes | None]:

@@ -102,7 +102,8 @@ class SearchConfig:
     ``min(max_decoding_length, int(max_length_a * source_length + max_length_b))``.
     ``length_penalty`` is HF/Marian's alpha: a hypothesis scores ``sum_logprob / length**alpha``.
     These defaults are the product's: the command line's flags, ``Translator.translate`` and the
-    jobs all decode with them (``raymt.workers.decode_config.DEFAULTS``).
+    jobs all decode with them (``raymt.workers.decode_config.DEFAULTS``), an M2M100 / NLLB directory
+    with its own generation settings over them (``workers/generation.py``).
     """
 
     beam_size: int = 5
@@ -131,6 +132,7 @@ class SearchConfig:
         return max(1, min(self.max_decoding_length, int(self.max_length_a * source_length + self.max_length_b)))
 
     def signature(self) -> str:
+        """The options that decide the output, in one line (early stopping named only when on)."""
         return (f"beam:{self.beam_size}|nbest:{self.num_hypotheses}|lp:{self.length_penalty}"
                 f"|maxlen:{self.max_length_a}*src+{self.max_length_b}<= {self.max_decoding_length}"
-                f"|prune:{self.pruning.signature()}")
+                + ("|early-stopping" if self.early_stopping else "") + f"|prune:{self.pruning.signature()}")

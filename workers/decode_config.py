@@ -3,7 +3,9 @@ limit), and the one table of its defaults, ``DEFAULTS``.
 
 The command line (``raymt.jobs.translate``: every flag's default is read from here), the Python API
 (``Translator.load`` / ``Translator.translate``) and the jobs build their decoding from this table,
-so the same text translates the same whichever way it comes in. Defaults that depend on the device
+so the same text translates the same whichever way it comes in; an M2M100 / NLLB directory's own
+generation settings (``generation_config.json``: ``workers/generation.py``) replace the search
+defaults for that model, in all three alike. Defaults that depend on the device
 the decoders decode on (batch size, static step, refill threshold) are ``workers/device.py``'s
 ``CPU_DEFAULTS`` / ``GPU_DEFAULTS``; the table holds the CPU's.
 """

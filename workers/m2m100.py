@@ -24,9 +24,6 @@ Reader = Callable[[str], "bytes | None"]
 MODEL_TYPE = "m2m_100"
 REFUSED_TYPES = {"nllb-moe": "model_type='nllb-moe' (NLLB's mixture-of-experts model) is not supported: "
                              "use a dense NLLB-200 checkpoint (model_type 'm2m_100')"}
-# The HF generation settings this project reads (``generation_settings``); HF's own defaults where absent.
-GENERATION_KEYS = {"max_length": 20, "num_beams": 1, "length_penalty": 1.0, "early_stopping": False,
-                   "forced_eos_token_id": None}
 
 
 def config_from_m2m100(hf: dict) -> ModelConfig:
@@ -59,10 +56,11 @@ def config_from_m2m100(hf: dict) -> ModelConfig:
 
 
 def generation_settings(read: Reader, hf: dict) -> dict:
-    """``GENERATION_KEYS`` as HF ``from_pretrained`` sets them: from ``generation_config.json`` when the
-    directory has one, else from ``config.json`` (``GenerationConfig.from_model_config``), else HF's
-    defaults. The product's ``SearchConfig`` defaults decode unless a caller asks for these
-    (``Translator.model_search_config``)."""
+    """The generation settings as HF ``from_pretrained`` takes them: ``generation_config.json`` when the
+    directory has one, else ``config.json`` (``GenerationConfig.from_model_config``); what they mean
+    for the search is ``workers/generation.py``'s."""
     raw = read("generation_config.json")
     source = json.loads(raw) if raw is not None else hf
-    return {k: source.get(k, default) for k, default in GENERATION_KEYS.items()}
+    if not isinstance(source, dict):
+        raise UnsupportedCheckpoint([f"generation_config.json holds a {type(source).__name__}, not an object"])
+    return source

@@ -15,6 +15,7 @@ from raymt.workers.checkpoint import Checkpoint, Reader, load_checkpoint, local_
 from raymt.workers.config import SearchConfig
 from raymt.workers.decode_config import DEFAULTS
 from raymt.workers.engine import DecodeStats, Engine, StaticStep, batch_schedule
+from raymt.workers.generation import GenerationDefaults, language_code
 from raymt.workers.lang_tokenizer import per_row_languages
 from raymt.workers.model_formats import open_model
 from raymt.workers.runner import DecodeRunner, source_capacity
@@ -86,8 +87,17 @@ class Translator:
 
     @property
     def forced_eos(self) -> bool:
-        """Force EOS at the length cap when the checkpoint asks for it (OPUS-MT ``forced_eos_token_id``)."""
+        """Force EOS at the length cap when the checkpoint asks for it: OPUS-MT's ``forced_eos_token_id``
+        (``config.json``), an M2M100 / NLLB directory's generation settings' (``workers/generation.py``)."""
+        if self.checkpoint.multilingual:
+            return self.checkpoint.generation.get("forced_eos_token_id") not in (None, [])
         return self.checkpoint.hf_config.get("forced_eos_token_id") is not None
+
+    @property
+    def default_target_lang(self) -> str | None:
+        """The target language an M2M100 / NLLB directory's generation settings force
+        (``forced_bos_token_id``, when it is a language code's id): ``forced_first``'s default."""
+        return language_code(self.checkpoint.tokenizer, self.checkpoint.generation.get("forced_bos_token_id"))
 
     def encode(self, texts: list[str], source_lang: str | list[str] | None = None) -> list[list[int]]:
         """Source ids with ``</s>``; inputs longer than the model's positions are truncated (EOS kept).
@@ -111,23 +121,30 @@ class Translator:
 
     def forced_first(self, target_lang: str | list[str] | None, n: int) -> list[int] | None:
         """Per text the token its translation must start with: the target language's id on an M2M100 /
-        NLLB model (HF's ``forced_bos_token_id``, per row), None on a Marian model."""
+        NLLB model (HF's ``forced_bos_token_id``, per row; ``target_lang`` None: ``default_target_lang``),
+        None on a Marian model."""
         tok = self.checkpoint.tokenizer
+        if target_lang is None:
+            target_lang = self.default_target_lang
         langs = self._languages(target_lang, n, "target_lang")
         ids = {code: tok.lang_id(code) for code in set(langs) if code is not None}  # (an unknown code: ValueError)
         return [ids[code] for code in langs] if ids else None
 
+    def generation_defaults(self) -> GenerationDefaults | None:
+        """An M2M100 / NLLB directory's own generation defaults (``workers/generation.py``: its
+        ``generation_config.json``); None for a Marian directory. Settings this decoder does not
+        implement raise ``UnsupportedGeneration`` (one line naming them)."""
+        if not self.checkpoint.multilingual:
+            return None
+        return GenerationDefaults.parse(self.checkpoint.generation, self.checkpoint.model.config)
+
     def model_search_config(self) -> SearchConfig:
-        """The search an M2M100 / NLLB directory's generation settings ask for (``generation_config.json``,
-        else ``config.json``: ``max_length``, ``num_beams``, ``length_penalty``, ``early_stopping``), as HF
-        ``generate`` reads them: a fixed cap of ``max_length - 1`` generated tokens (HF counts the start
-        token). ``translate`` decodes with the product's defaults (``DEFAULTS.search``) unless given this."""
-        g = self.checkpoint.generation
-        cap = max(1, int(g.get("max_length", 20)) - 1)
-        beams = max(1, int(g.get("num_beams", 1)))
-        return replace(DEFAULTS.search, beam_size=beams, num_hypotheses=1, max_decoding_length=cap, max_length_a=0.0,
-                       max_length_b=cap, length_penalty=float(g.get("length_penalty", 1.0)),
-                       early_stopping=g.get("early_stopping") is True)
+        """The search this model decodes with unless told otherwise: an M2M100 / NLLB directory's own
+        (``generation_defaults``: what HF ``generate(**inputs)`` runs there, ``max_length - 1`` generated
+        tokens, ``num_beams``, ``length_penalty``, ``early_stopping``), the product's defaults
+        (``DEFAULTS.search``) for a Marian one."""
+        defaults = self.generation_defaults()
+        return DEFAULTS.search if defaults is None else defaults.search(DEFAULTS.search)
 
     def decode_ids(self, sources: list[list[int]], cfg: SearchConfig, shortlist: AnyShortlist | None = None,
                    batching: SchedulerConfig | None = None, *, stats: DecodeStats | None = None,
@@ -306,11 +323,12 @@ class Translator:
                   batching: SchedulerConfig | None = None, *, stats: DecodeStats | None = None,
                   source_lang: str | list[str] | None = None,
                   target_lang: str | list[str] | None = None) -> list[Translation]:
-        """Texts -> translations (input order); ``stats``: counters to add this call's to.
-        ``source_lang`` / ``target_lang``: an M2M100 / NLLB model's languages (required there, refused on a
-        Marian model), one code for all texts or one per text; texts of different target languages
-        share batches (``forced_first``)."""
-        cfg = cfg or DEFAULTS.search  # the command line's defaults too
+        """Texts -> translations (input order); ``cfg`` None: the model's defaults (``model_search_config``,
+        as the command line's); ``stats``: counters to add this call's to. ``source_lang`` /
+        ``target_lang``: an M2M100 / NLLB model's languages (required there, refused on a Marian model),
+        one code for all texts or one per text; texts of different target languages share batches
+        (``forced_first``)."""
+        cfg = cfg or self.model_search_config()
         tok = self.checkpoint.tokenizer
         nonempty = [i for i, t in enumerate(texts) if t.strip()]
         sources = self._languages(source_lang, len(texts), "source_lang")
