@@ -66,6 +66,7 @@ from raymt.workers.device import CPU_DEFAULTS, GPU_DEFAULTS, BatchingDefaults, D
 from raymt.workers.generation import UnsupportedGeneration, language_code, read_generation
 from raymt.workers.isa import bf16_refusal, detect as detect_isa
 from raymt.workers.lang_tokenizer import LanguageError, load_language_tokenizer
+from raymt.workers.native import kernels_summary
 from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from raymt.workers.speedups import EXACT, CpuSpeedups, precision_refusal
 from raymt.workers.static_step import StaticStep
@@ -322,9 +323,10 @@ def execute(args: argparse.Namespace, decode: DecodeConfig) -> tuple[PipelineCon
 def print_summary(args: argparse.Namespace, pc: PipelineConfig, result: PipelineResult, seconds: float) -> None:
     """What was translated, how fast, rows not translated as given, the per-actor table and scores."""
     decode = f"decoding {result.decode_tokens_per_second:.0f} target tokens/s per decoder, " if result.stats else ""
+    kernels = kernels_summary([s.kernels for s in result.stats])  # ATen where the native operators were wanted: said
     print(f"translated {result.rows} rows in {result.units} units ({result.skipped_units} already committed) "
           f"-> {args.output} in {seconds:.1f}s end to end, {result.where} ({decode}"
-          f"{result.tokens_per_second:.0f} end to end) [{pc.decoder.signature}]")
+          f"{result.tokens_per_second:.0f} end to end){', ' + kernels if kernels else ''} [{pc.decoder.signature}]")
     if set(result.statuses) - {"ok"}:  # rows translated other than as given, or not at all: say so
         print("rows by status: " + ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items()))
               + f" (the status and reason columns of the parts in {pc.decoder.output} say which and why)")

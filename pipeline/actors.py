@@ -38,6 +38,7 @@ from raymt.workers.device import DeviceUnavailable, resolve_device
 from raymt.workers.engine import DecodeStats
 from raymt.workers.lang_tokenizer import row_language_problems, source_encoder
 from raymt.workers.inputs import MAX_ROW_CHARS
+from raymt.workers.native import decoder_kernels
 from raymt.workers.rows import join_rows, prepare_rows
 from raymt.workers.search import Hypothesis
 from raymt.workers.translator import Translator
@@ -242,7 +243,7 @@ class DecoderWorker:
             statuses=statuses, batch_histogram=dict(sorted(st.batch_sizes.items())),
             bleu_stats=list(evaluation.bleu) if evaluation else None,
             chrf_stats=list(evaluation.chrf) if evaluation else None,
-            slices=tuple(self.sampler.take(since=started)))
+            slices=tuple(self.sampler.take(since=started)), kernels=decoder_kernels(tr.checkpoint.model.ops))
 
 
 def piece_targets(enc: EncodedUnit, default: str | None) -> str | list[str | None] | None:

@@ -72,6 +72,7 @@ class UnitStats:
     bleu_stats: list | None
     chrf_stats: list | None
     slices: tuple[Slice, ...]  # the unit's time slices (pipeline/timeline.py)
+    kernels: str = ""  # the decoder's step kernels (workers/native.py decoder_kernels); "": not recorded
 
     def to_row(self) -> dict:
         """One Parquet row: the mappings and slices as JSON text (the ``_stats/`` files' format)."""
@@ -87,7 +88,7 @@ class UnitStats:
                        for s in json.loads(row.get("slices") or "[]"))
         return cls(**{**values, "statuses": json.loads(row.get("statuses") or "{}"),
                       "batch_histogram": {int(k): v for k, v in json.loads(row.get("batch_histogram") or "{}").items()},
-                      "slices": slices})
+                      "slices": slices, "kernels": row.get("kernels") or ""})
 
 
 def _known(cls: type, data: bytes | str) -> dict:

@@ -5,6 +5,7 @@
     raymt distill ...                                           # = python -m raymt.jobs.distill
     raymt report OUT                                            # = python -m raymt.jobs.report
     raymt build-shortlist ...                                   # = python -m raymt.jobs.build_shortlist
+    raymt info [--model DIR]                                    # what a job would run with here (raymt.jobs.info)
 
 ``ray job submit`` runs ``python -m raymt.jobs.translate`` (or ``raymt translate``) the same way.
 """
@@ -19,6 +20,7 @@ COMMANDS = {  # command -> (module, what it does)
     "distill": ("raymt.jobs.distill", "distillation data: n-best translations with scores"),
     "report": ("raymt.jobs.report", "the stats report (PNG + HTML) of a job's output"),
     "build-shortlist": ("raymt.jobs.build_shortlist", "a lexical shortlist (lex.s2t) for a model"),
+    "info": ("raymt.jobs.info", "what a job would run with here: device, ISA, kernels, threads, a model's search"),
 }
 
 

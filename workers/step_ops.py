@@ -43,6 +43,7 @@ class AtenOps:
     """ATen operators: any device and dtype."""
 
     beam_kernel = None  # the fused beam step after the output layer (NativeOps: the CPU, any K), or None
+    backend = "aten"  # the kernels' name in a unit's stats (workers/native.py decoder_kernels)
 
     def for_step(self, x: Tensor, cache: KVCache) -> AtenOps:
         """The backend that serves this step (x (N, E))."""
@@ -116,6 +117,8 @@ ATEN = AtenOps()
 
 class NativeOps(AtenOps):
     """The fused C++ kernels (``torch.ops.raymt``, workers/native.py): CPU, float32."""
+
+    backend = "native"
 
     def __init__(self, kernels) -> None:
         self.kernels = kernels

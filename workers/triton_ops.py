@@ -221,6 +221,8 @@ class TritonOps(AtenOps):
     """ATen's operators with the fused Triton ``row_top``, ``self_attention`` and ``cross_attention``:
     the GPU decoder's backend."""
 
+    backend = "triton"
+
     def zeroed_cache(self, dtype: torch.dtype, device: torch.device, static: bool) -> bool:
         """The kernel reads each row's own written history (a static step's idle rows: position 0,
         always written), so no zeroing: a memset of the whole cache per decode saved."""

@@ -187,7 +187,7 @@ def test_decoding_falls_back_to_aten_where_the_operators_cannot_be_built(tmp_pat
              "from raymt.workers.step_ops import ATEN\n"
              "assert load() is None and t.checkpoint.model.ops is ATEN\n"
              "print(t.translate(['Ein Hund läuft.'])[0].text)\n")
-    env = {**os.environ, "CXX": "/bin/false", "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    env = {**os.environ, "CXX": "/bin/false", "TORCH_EXTENSIONS_DIR": str(tmp_path), "RAYMT_NATIVE_PREBUILT": "0"}
     out = subprocess.run([sys.executable, "-c", probe, str(demo_model_dir)], env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
@@ -210,7 +210,8 @@ def test_portable_build_is_cached_apart_and_equals_aten(tmp_path) -> None:
              "exact = torch.equal(v, rv) and torch.equal(i, ri)\n"
              "close = torch.allclose(v, rv, rtol=0, atol=1e-5) and torch.equal(i, ri)\n"
              "sys.exit(0 if exact or (close and sys.argv[1] == 'close') else 4)\n")
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "RAYMT_NATIVE_MARCH": "portable"}
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "RAYMT_NATIVE_MARCH": "portable",
+           "RAYMT_NATIVE_PREBUILT": "0"}
     for aten, want in (("default", "exact"), (None, "close")):
         run_env = {**env, "ATEN_CPU_CAPABILITY": aten} if aten else env
         out = subprocess.run([sys.executable, "-c", probe, want], env=run_env, capture_output=True, text=True,
@@ -287,7 +288,7 @@ def test_self_attention_step_writes_the_rows_then_attends(ops) -> None:
 def test_a_build_killed_midway_never_blocks_a_later_load(tmp_path) -> None:
     """No lock is shared between processes: a builder SIGKILLed mid-compile (a decoder actor killed while
     loading) leaves only its private directory, and the next process builds (or loads) without waiting."""
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "RAYMT_NATIVE_PREBUILT": "0"}  # (first-use builds)
     probe = "import sys; from raymt.workers.native import load; sys.exit(0 if load() is not None else 3)"
     builder = subprocess.Popen([sys.executable, "-c", probe], env=env, cwd=os.getcwd(), start_new_session=True)
     deadline = time.time() + 120
