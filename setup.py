@@ -65,12 +65,12 @@ def find_torch() -> ModuleType | None:
     return None
 
 
-def targets(nb: ModuleType) -> list[str]:
+def targets(ops: ModuleType) -> list[str]:
     wanted = [t.strip() for t in os.environ.get("RAYMT_NATIVE_TARGETS", "").split(",") if t.strip()]
-    unknown = [t for t in wanted if t not in nb.MARCH_FLAGS]
+    unknown = [t for t in wanted if t not in ops.MARCH_FLAGS]
     if unknown:
-        raise SystemExit(f"RAYMT_NATIVE_TARGETS: unknown target(s) {', '.join(unknown)}; known: {', '.join(nb.ORDER)}")
-    return wanted or nb.machine_targets()
+        raise SystemExit(f"RAYMT_NATIVE_TARGETS: unknown target(s) {', '.join(unknown)}; known: {', '.join(ops.ORDER)}")
+    return wanted or ops.machine_targets()
 
 
 def native_extensions() -> tuple[list, dict]:
@@ -84,18 +84,18 @@ def native_extensions() -> tuple[list, dict]:
         return [], {}
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-    nb = native_build()
-    sources = [os.path.join("workers", "csrc", name) for name in nb.SOURCE_NAMES]
+    ops = native_build()
+    sources = [os.path.join("workers", "csrc", name) for name in ops.SOURCE_NAMES]
     built = {}
     extensions = []
-    for target in targets(nb):
-        stem = nb.installed_stem(target, nb.library_key(target, torch.__version__))
+    for target in targets(ops):
+        stem = ops.installed_stem(target, ops.library_key(target, torch.__version__))
         built[stem] = target
         extensions.append(CppExtension(f"raymt.workers._native.{stem}", sources,
-                                       extra_compile_args=[*nb.compile_flags(target), "-g0"],
-                                       extra_link_args=list(nb.LINK_FLAGS)))
-    manifest = {"torch": torch.__version__, "python": nb.python_abi()}
-    return extensions, {"build_ext": build_command(BuildExtension, built, manifest, nb.MANIFEST)}
+                                       extra_compile_args=[*ops.compile_flags(target), "-g0"],
+                                       extra_link_args=list(ops.LINK_FLAGS)))
+    manifest = {"torch": torch.__version__, "python": ops.python_abi()}
+    return extensions, {"build_ext": build_command(BuildExtension, built, manifest, ops.MANIFEST)}
 
 
 def build_command(base: type, built: dict[str, str], manifest: dict, manifest_name: str) -> type:

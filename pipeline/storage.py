@@ -5,7 +5,6 @@ S3 endpoint, credentials and region come from the usual AWS environment variable
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
@@ -15,6 +14,7 @@ from typing import IO, Callable, Iterator
 
 import fsspec
 
+from raymt.pipeline.digests import bytes_digest
 from raymt.pipeline.errors import JobStopped, deterministic
 from raymt.pipeline.extras import require_for_url
 from raymt.pipeline.hub import ResolvedModel, resolve_model
@@ -55,7 +55,7 @@ def _pinned(read: Callable[[str], bytes | None], url: str, pins: dict[str, str])
 
     def checked(name: str) -> bytes | None:
         data = read(name)
-        if name in pins and (data is None or hashlib.sha256(data).hexdigest() != pins[name]):
+        if name in pins and (data is None or bytes_digest(data) != pins[name]):
             raise ModelChanged(f"model file {url.rstrip('/')}/{name} changed since the job planned it (its content "
                                f"differs from the plan's, though its size and time may not): decoding on would mix two "
                                f"models in one output. Restore the file, or rerun with --restart to translate afresh")

@@ -34,7 +34,7 @@ ONEDNN_MAX_CPU_ISA=AVX2`` emulates an AVX2-only CPU on an AVX-512 one. Where no 
 never builds anything.
 
 Each target's library is looked up in this order (``load``), each under its key, a digest of the
-source, the flags, the torch version and the Python ABI (``native_build.library_key``):
+source, the flags, the torch version and the Python ABI (``library_key`` of ``workers/native_build.py``):
 
 1. installed: ``pip install .`` / ``pip wheel .`` build every target of the architecture into the
    package (``setup.py``), so a node with no compiler runs them and no node compiles on its first
