@@ -195,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--best-split", action="store_true", help="also run ours-exact, ours+int8, ct2-float32 and "
                    "ct2-int8 (those of --systems) at every workers x threads split of --threads, and report the best of each")
     p.add_argument("--batch-sizes", default="32,64,128", help="CTranslate2's max_batch_size values under --best-split")
+    p.add_argument("--max-tokens", type=int, default=256, help="every system's cap on generated tokens per sentence "
+                   "(a shape checkpoint of benchmarks.shapes, whose EOS is unreachable, decodes every sentence to it)")
     p.add_argument("--out", default="docs/results/peers")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -217,7 +219,8 @@ def main(argv: list[str] | None = None) -> None:
     tmp = work_dir()
     count = lambda text: len(translator.checkpoint.tokenizer.target_spm.encode(text))  # noqa: E731
     for beam in map(int, args.beams.split(",")):
-        cfg = SearchConfig(beam_size=beam, max_length_a=0.0, max_length_b=256, max_decoding_length=256)
+        cfg = SearchConfig(beam_size=beam, max_length_a=0.0, max_length_b=args.max_tokens,
+                           max_decoding_length=args.max_tokens)
         best = replace(cfg, pruning=BEST_PRUNING)
         factories = {"ours-exact": lambda: ours(translator, cfg), "ours-best": lambda: ours(best_translator, best, shortlist, best_stats),
                      "ours-exact-k": lambda: ours(translator, replace(cfg, early_stopping=True)),

@@ -28,7 +28,8 @@ captured graph and the output-head buffers that graph reads belong to the runner
 (and copies its shortlist head into those buffers).
 
 The model interface the engine uses (``MarianModel``; the tests' scripted stub): ``config``,
-``device``, ``ops``, ``new_cache``, ``encode``, ``cross_kv``, ``output_head`` and ``decode_step``.
+``device``, ``ops``, ``new_cache``, ``encode``, ``cross_kv``, ``output_head``, ``decode_hidden``, ``project``
+and ``row_top``.
 """
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ from raymt.workers.scheduler import (CapacityUnit, Policy, Request, Scheduler, S
                                      StepOutput, StepPlan)
 from raymt.workers.static_step import StaticStep
 from raymt.workers.step_index import StepIndex
-from raymt.workers.search import Candidates, Hypothesis, RowTop, greedy_select, row_top_log_probs, score_step
+from raymt.workers.search import (Candidates, Hypothesis, RowTop, finish_row_top, greedy_select, row_top_log_probs,
+                                  score_step)
 
 
 @dataclass
@@ -305,12 +307,15 @@ class Engine:
         idle = None if ix.planned is None else ~ix.planned[:, None].expand(-1, k).reshape(-1)  # (R,): static
         at = cache.step_at(tokens, ix.rows, ix.positions, ix.grid_all, slots, t=t, s=ix.s, shared=ix.shared,
                            first=ix.first, idle=idle)
-        logits = self.model.decode_step(tokens, at, cache, self._head)  # (N, V|C)
+        hidden = self.model.decode_hidden(tokens, at, cache)  # (N, E)
+        if ix.planned is None and self.model.ops.beam_kernel is not None:  # the CPU's one-call beam step
+            lp, columns = self.model.row_top(hidden, self._head, 2 * k)  # (N, 2K): product, log-softmax, top-k
+            top = finish_row_top(lp, columns, self._head.ids, ix.force, self.model.config.eos_token_id, ix.forced)
+            return st.fused_step(self.model.ops.beam_kernel, top, ix.grid, slots, ix.generated, ix.at_max, self._norm,
+                                 cache, t, self.search, self.model.config.eos_token_id)
+        with record_function("output layer"):
+            logits = self.model.project(hidden, self._head)  # (N, V|C)
         if ix.planned is None:
-            if self.model.ops.beam_kernel is not None:  # the CPU's one-call beam step (greedy included)
-                return st.fused_step(self.model.ops.beam_kernel, self._row_top(logits, ix, 2 * k), ix.grid, slots,
-                                     ix.generated, ix.at_max, self._norm, cache, t, self.search,
-                                     self.model.config.eos_token_id)
             if k == 1 and not self.search.pruning.active:  # greedy: one row per slot
                 return self._greedy_update(logits, ix)
         running = st.running[slots]  # (B', K)

@@ -233,6 +233,15 @@ class OutputHead:
         out = self.linear(hidden)
         return out + self.bias if self.add_bias and self.bias is not None else out
 
+    def row_top(self, hidden: Tensor, num: int, ops) -> tuple[Tensor, Tensor]:
+        """hidden (N, E) -> each row's ``num`` best log-probs and their columns (N, M), ``<pad>``
+        (``skip``) banned: the product and the log-softmax + top-k in one pass where the layer has
+        that kernel (``PackedLinear.row_top``: no (N, V) logits written), else ``ops.row_top`` over
+        this head's logits."""
+        fused = getattr(self.linear, "row_top", None)
+        top = fused(hidden, num, self.skip, self.bias if self.add_bias else None) if fused is not None else None
+        return top if top is not None else ops.row_top(self(hidden), num, self.skip)
+
 
 class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding) -> None:
@@ -391,7 +400,17 @@ class MarianModel(nn.Module):
 
     def decode_step(self, tokens: Tensor, at: StepAt, cache: KVCache, head: OutputHead | None = None) -> Tensor:
         """tokens (N,) of the rows ``at`` runs -> logits (N, V) (or (N, C) with a shortlist head)."""
-        with record_function("decoder layers"):
-            hidden = self.model.decoder.step(tokens, at, cache)
+        hidden = self.decode_hidden(tokens, at, cache)
         with record_function("output layer"):
             return self.project(hidden, head)
+
+    def row_top(self, hidden: Tensor, head: OutputHead, num: int) -> tuple[Tensor, Tensor]:
+        """hidden (N, E) -> each row's ``num`` best log-probs over ``head`` and their columns (N, M),
+        ``<pad>`` banned (``OutputHead.row_top``: one native pass on the CPU where it can)."""
+        with record_function("output layer"):
+            return head.row_top(hidden, num, self.ops)
+
+    def decode_hidden(self, tokens: Tensor, at: StepAt, cache: KVCache) -> Tensor:
+        """tokens (N,) of the rows ``at`` runs -> the decoder's last hidden states (N, E)."""
+        with record_function("decoder layers"):
+            return self.model.decoder.step(tokens, at, cache)

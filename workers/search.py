@@ -78,9 +78,16 @@ def row_top_log_probs(logits: Tensor, num: int, pad_id: int, force_eos: Tensor |
     """
     if skip is None:
         skip = pad_id if token_ids is None else _column(token_ids, pad_id)
-    log_probs, tokens = ops.row_top(logits, num, skip)  # (N, M)
-    if token_ids is not None:
-        tokens = token_ids[tokens]
+    log_probs, columns = ops.row_top(logits, num, skip)  # (N, M)
+    return finish_row_top(log_probs, columns, token_ids, force_eos, eos_id, forced)
+
+
+def finish_row_top(log_probs: Tensor, columns: Tensor, token_ids: Tensor | None, force_eos: Tensor | None,
+                   eos_id: int, forced: Tensor | None) -> RowTop:
+    """Each row's best log-probs and their columns (N, M) -> a ``RowTop`` over vocabulary ids (a
+    shortlist's columns mapped through ``token_ids``), forced first tokens and forced EOS applied
+    (``row_top_log_probs``; the CPU's fused output layer computes the columns itself)."""
+    tokens = columns if token_ids is None else token_ids[columns]
     return force_eos_rows(force_first_rows(RowTop(log_probs, tokens), forced), force_eos, eos_id)
 
 

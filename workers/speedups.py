@@ -186,7 +186,7 @@ class PackedLinear:
         self.weight = weight
         self.small_rows = rows_for(small_work() if self.SMALL_WORK is None else self.SMALL_WORK, self.in_features,
                                    self.out_features)
-        self.small_kernel, self.small_packed = None, None  # ``use_small_kernel``
+        self.small_kernel, self.small_packed, self.top_kernel = None, None, None  # ``use_small_kernel``
 
     @classmethod
     def of(cls, linear: nn.Linear, post_op: str = "none") -> "PackedLinear":
@@ -204,7 +204,7 @@ class PackedLinear:
         width = kernels.vector_width()
         blocks = -(-self.out_features // width)
         weight = F.pad(self.weight, (0, 0, 0, blocks * width - self.out_features))  # (N', K), N' = blocks * W
-        self.small_kernel = kernels.small_linear
+        self.small_kernel, self.top_kernel = kernels.small_linear, kernels.head_top_log_softmax
         self.small_packed = weight.view(blocks, width, self.in_features).transpose(1, 2).contiguous()  # (N' / W, K, W)
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -215,6 +215,20 @@ class PackedLinear:
             y = F.linear(x, self.weight, self.bias)
             return y if self.post_op == "none" else _POST_FN[self.post_op](y)
         return torch.ops.mkldnn._linear_pointwise.default(x, self.packed, self.bias, self.post_op, [], "")
+
+    def row_top(self, x: Tensor, num: int, skip: int, bias: Tensor | None) -> tuple[Tensor, Tensor] | None:
+        """An output layer's product and the search's log-softmax + top-k in one native call, the (M, N)
+        logits never written (``head_top_log_softmax``, ``small_linear.cpp``): x (M, E) -> each row's
+        ``num`` best log-probs and columns (M, num), column ``skip`` banned; ``bias`` (N,) added to the
+        logits. None where that kernel does not take x (no native kernels, too many rows, not float32)."""
+        if self.top_kernel is None or x.dim() != 2 or x.shape[0] > self.SMALL_KERNEL_ROWS or x.dtype != torch.float32:
+            return None
+        if bias is None:
+            bias = self.bias
+        elif self.bias is not None:
+            bias = bias + self.bias
+        return self.top_kernel(x.contiguous(), self.small_packed, bias, min(num, self.out_features), skip,
+                               self.out_features)
 
 
 def fuse_qkv(model: MarianModel) -> None:

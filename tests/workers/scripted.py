@@ -36,7 +36,8 @@ FALLBACK: Dist = {E: 1.0}  # prefixes a table does not list (also the -inf place
 
 
 class ScriptedModel:
-    """Stands in for ``MarianModel``: config / device / ops / new_cache / encode / cross_kv / output_head / decode_step."""
+    """Stands in for ``MarianModel``: config / device / ops / new_cache / encode / cross_kv / output_head / decode_hidden /
+    project / row_top."""
 
     device = torch.device("cpu")
 
@@ -70,9 +71,9 @@ class ScriptedModel:
         skip = pad if candidates is None else (candidates.tolist() + [pad]).index(pad) if pad in candidates else -1
         return OutputHead(candidates, torch.empty(0), None, skip=skip)
 
-    def decode_step(self, tokens: Tensor, at: StepAt, cache: KVCache, head: OutputHead) -> Tensor:
-        """tokens (N,) of the rows ``at`` runs -> logits (N, V) = log of the scripted distribution
-        (or (N, C)). Each row's prefix is read back through the cache's ancestry: a mis-routed
+    def decode_hidden(self, tokens: Tensor, at: StepAt, cache: KVCache) -> Tensor:
+        """tokens (N,) of the rows ``at`` runs -> "hidden states" (N, V) = log of the scripted
+        distribution (``project`` cuts them to a shortlist's columns). Each row's prefix is read back through the cache's ancestry: a mis-routed
         reorder shows up as wrong tokens or scores."""
         n = tokens.shape[0]
         self.rows_per_step.append(n)
@@ -83,7 +84,13 @@ class ScriptedModel:
                 assert int(tokens[row]) == self.config.decoder_start_token_id
             sentence = int(cache.cross_k[0, slot, 0, 0, 0])
             logits[row] = torch.tensor(self.probs(sentence, tuple(history[row][:position])), dtype=torch.float64).log()
-        return logits if head.ids is None else logits[:, head.ids]  # a shortlist: candidate columns only
+        return logits
+
+    def project(self, hidden: Tensor, head: OutputHead) -> Tensor:
+        return hidden if head.ids is None else hidden[:, head.ids]  # a shortlist: candidate columns only
+
+    def row_top(self, hidden: Tensor, head: OutputHead, num: int) -> tuple[Tensor, Tensor]:
+        return self.ops.row_top(self.project(hidden, head), num, head.skip)
 
 
 def scripted(tables: dict[int, Table], vocab_size: int = V) -> ProbsFn:
