@@ -92,6 +92,7 @@ def native_extensions() -> tuple[list, dict]:
         stem = ops.installed_stem(target, ops.library_key(target, torch.__version__))
         built[stem] = target
         extensions.append(CppExtension(f"raymt.workers._native.{stem}", sources,
+                                       depends=[os.path.join("workers", "csrc", h) for h in ops.HEADER_NAMES],
                                        extra_compile_args=[*ops.compile_flags(target), "-g0"],
                                        extra_link_args=list(ops.LINK_FLAGS)))
     manifest = {"torch": torch.__version__, "python": ops.python_abi()}

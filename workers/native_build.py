@@ -17,8 +17,10 @@ import platform
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE_NAMES = ("decode_ops.cpp", "beam_step.cpp", "small_linear.cpp")
+SOURCE_NAMES = ("decode_ops.cpp", "beam_step.cpp", "small_linear.cpp", "head_top.cpp")
+HEADER_NAMES = ("tiles.h",)  # included by the sources above: part of the key
 SOURCES = [os.path.join(HERE, "csrc", name) for name in SOURCE_NAMES]
+HEADERS = [os.path.join(HERE, "csrc", name) for name in HEADER_NAMES]
 INSTALLED_DIR = os.path.join(HERE, "_native")  # the install-time builds (absent in a source checkout)
 MANIFEST = "manifest.json"  # in INSTALLED_DIR: the torch and Python versions its libraries were built for
 MARCH_FLAGS = {  # target -> compile flags; the CPU_CAPABILITY macros pick ATen's vector types as its kernels do
@@ -46,9 +48,9 @@ def python_abi() -> str:
 
 
 def library_key(target: str, torch_version: str, python_version: str | None = None) -> str:
-    """The digest of the sources, ``target``'s flags, the torch version and the Python ABI (16 hex digits)."""
+    """The digest of the sources and headers, ``target``'s flags, the torch version and the Python ABI (16 hex digits)."""
     texts = []
-    for source in SOURCES:
+    for source in (*SOURCES, *HEADERS):
         with open(source, "rb") as f:
             texts.append(f.read())
     python_version = python_version or python_abi()
