@@ -198,3 +198,14 @@ def test_a_fresh_install_runs_the_native_kernels_on_a_node_without_a_compiler(tm
     run([bin_dir / "pip", "install", "--no-deps", "-e", source], env, timeout=600)
     editable = run([bin_dir / "raymt", "info"], {**env, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext2")}).stdout
     assert "installed builds: none" in editable and "kernels (cpu): native (built on first use" in editable, editable
+
+
+def test_every_header_the_sources_include_is_keyed_and_shipped() -> None:
+    """A header edit changes the library key, and an installed package carries the headers its
+    first-use build needs (``pyproject.toml``'s package data)."""
+    from raymt.workers.native_build import HEADER_NAMES, HEADERS, SOURCES
+
+    included = {line.split('"')[1] for path in (*SOURCES, *HEADERS) for line in open(path, encoding="utf-8")
+                if line.startswith("#include \"")}
+    assert included == set(HEADER_NAMES)
+    assert '"csrc/*.h"' in (ROOT / "pyproject.toml").read_text(encoding="utf-8")
