@@ -120,6 +120,15 @@ def loaded(args: argparse.Namespace, opts: CpuSpeedups) -> Translator:
     return Translator.load(args.model, threads=args.threads, speedups=opts)
 
 
+def unfused_head(translator: Translator) -> Translator:
+    """``translator`` with its output layer run as the product, then the row top (the (N, V) logits
+    written and read again), instead of the fused pass: what the fused output layer gains."""
+    head = translator.checkpoint.model.vocab_head  # (the full vocabulary's: this system runs no shortlist)
+    if getattr(head, "top_kernel", None) is not None:
+        head.top_kernel = None
+    return translator
+
+
 def speedup_rows(table: list[dict]) -> list[dict]:
     """The cumulative speed-up table from the systems that ran: tokens/s, speed-up, BLEU change."""
     by_name = {r["system"]: r for r in table}
@@ -186,7 +195,8 @@ def main(argv: list[str] | None = None) -> None:
                    "rp 0.6 and int8 together, M=10 cost 0.41 BLEU on Multi30k beam 5, M=50 0.13")
     p.add_argument("--systems", default="ours-plain,ours+qkv,ours+onednn,ours-exact,ours-exact-k,ours+int8,ours+bf16,ours-best,"
                    "ct2-float32,ct2-int8,hf", help="ours-plain, ours+qkv, ours+onednn, ours-exact, ours+int8: the cumulative CPU speed-ups "
-                   "(workers/speedups.py); ours+bf16: bfloat16 instead of int8; ours-exact-k: ours-exact stopping "
+                   "(workers/speedups.py); ours-unfused-head: ours-exact with its output layer's product and log-softmax + top-k "
+                   "as two passes; ours+bf16: bfloat16 instead of int8; ours-exact-k: ours-exact stopping "
                    "at K finished hypotheses, CTranslate2's rule (HF early_stopping=True); ours-best: int8 + rp 0.6 "
                    "pruning + --shortlist; ours-topup, ours-var-stream, ours-fifo: ours-exact under that streaming "
                    "policy over the length-sorted input (32 sentences), against batch decoding (ours-exact)")
@@ -223,6 +233,7 @@ def main(argv: list[str] | None = None) -> None:
                            max_decoding_length=args.max_tokens)
         best = replace(cfg, pruning=BEST_PRUNING)
         factories = {"ours-exact": lambda: ours(translator, cfg), "ours-best": lambda: ours(best_translator, best, shortlist, best_stats),
+                     "ours-unfused-head": lambda: ours(unfused_head(loaded(args, EXACT)), cfg),
                      "ours-exact-k": lambda: ours(translator, replace(cfg, early_stopping=True)),
                      "ours-plain": lambda: ours(loaded(args, CpuSpeedups()), cfg),
                      "ours+qkv": lambda: ours(loaded(args, CpuSpeedups(fused_qkv=True)), cfg),
