@@ -104,9 +104,9 @@ SPEEDUP_STEPS = (("ours-plain", BASELINE),
 POLICIES = {"ours-topup": Policy.TOPUP, "ours-var-stream": Policy.VAR_STREAM, "ours-fifo": Policy.FIFO}
 RATIOS = (("ours-topup", "ours-exact"), ("ours-var-stream", "ours-exact"), ("ours-fifo", "ours-exact"),
           ("ours-exact", "ct2-float32"), ("ours-exact-k", "ct2-float32"), ("ours+int8", "ct2-int8"),
-          ("ours-best", "ct2-int8"), ("ours-exact", "hf"), ("ours-best", "hf"), ("ct2-float32", "hf"))
+          ("ours-best", "ct2-int8"), ("ours-best", "ct2-int8-vmap"), ("ours-exact", "hf"), ("ours-best", "hf"), ("ct2-float32", "hf"))
 SAME_OUTPUT = (*((name, "ours-exact") for name in POLICIES), ("ours-exact", "hf"), ("ours-exact-k", "ct2-float32"),
-               ("ours-plain", "ours-exact"))
+               ("ours-plain", "ours-exact"), ("ours-unfused-head", "ours-exact"))
 
 
 def identical_outputs(systems: list) -> dict[str, int]:
@@ -129,6 +129,16 @@ def unfused_head(translator: Translator) -> Translator:
     return translator
 
 
+def int8_head(translator: Translator) -> Translator:
+    """An int8 ``translator`` with its output layer quantised too (FBGEMM's product, then the row top)
+    instead of the fused float32 pass the native kernels give it."""
+    from raymt.workers.speedups import Int8Linear
+
+    model = translator.checkpoint.model
+    model.vocab_head, model.pack_head = Int8Linear.from_weight(model.lm_head.weight, None), Int8Linear.from_weight
+    return translator
+
+
 def speedup_rows(table: list[dict]) -> list[dict]:
     """The cumulative speed-up table from the systems that ran: tokens/s, speed-up, BLEU change."""
     by_name = {r["system"]: r for r in table}
@@ -141,23 +151,45 @@ def speedup_rows(table: list[dict]) -> list[dict]:
              "bleu": by_name[n]["bleu"], "bleu_change": round(by_name[n]["bleu"] - base["bleu"], 2)} for n, label in steps]
 
 
-SPLIT_SPEEDUPS = {"ours-exact": EXACT, "ours+int8": INT8}
-SPLIT_RATIOS = (("ours-exact", "ct2-float32"), ("ours+int8", "ct2-int8"), ("ours+int8", "ct2-float32"))
+SPLIT_SPEEDUPS = {"ours-exact": EXACT, "ours+int8": INT8, "ours-best": INT8}
+SPLIT_RATIOS = (("ours-exact", "ct2-float32"), ("ours+int8", "ct2-int8"), ("ours+int8", "ct2-float32"),
+                ("ours-best", "ct2-int8-vmap"), ("ours-best", "ct2-int8"))
+CT2_SYSTEMS = {"ct2-float32": ("float32", False), "ct2-int8": ("int8", False), "ct2-int8-vmap": ("int8", True)}
 
 
 def split_systems(args: argparse.Namespace, cfg: SearchConfig, translator: Translator, tmp: str) -> list[PeerRun]:
-    """Every system named in ``--systems`` that has a split grid, at every split (and CT2 batch size)."""
+    """Every system named in ``--systems`` that has a split grid, at every split (and CT2 batch size);
+    ours-best with ``--shortlist`` and its pruning, ct2-int8-vmap with the same table as a vocabulary map."""
     names = args.systems.split(",")
+    best = (replace(cfg, pruning=BEST_PRUNING), (args.shortlist, args.shortlist_m, 100) if args.shortlist else None)
     out = []
     for split in splits(args.threads):
-        out += [PeerRun(f"{name} {split}", OursDecoders(args.model, SPLIT_SPEEDUPS[name], split, cfg))
+        out += [PeerRun(f"{name} {split}", OursDecoders(args.model, SPLIT_SPEEDUPS[name], split,
+                                                        *(best if name == "ours-best" else (cfg,))))
                 for name in names if name in SPLIT_SPEEDUPS]
         out += [PeerRun(f"{name} {split} b{batch}", ctranslate2_system(
-                    args.model, name.removeprefix("ct2-"), split.threads, cfg, translator, tmp,
-                    max_batch_size=batch, inter_threads=split.workers))
-                for name in names if name in ("ct2-float32", "ct2-int8")
+                    args.model, CT2_SYSTEMS[name][0], split.threads, cfg, translator, tmp, max_batch_size=batch,
+                    inter_threads=split.workers, vmap=vmap_of(args, tmp) if CT2_SYSTEMS[name][1] else None))
+                for name in names if name in CT2_SYSTEMS
                 for batch in map(int, args.batch_sizes.split(","))]
     return out
+
+
+def vmap_of(args: argparse.Namespace, tmp: str) -> str:
+    """``--shortlist`` as a CTranslate2 vocabulary map: the table itself when it is a ``.vmap``, else
+    written once beside the converted models, cut at ``--shortlist-m`` translations per source piece
+    and the 100 frequent pieces ours-best uses (the same candidate sets for both)."""
+    if not args.shortlist:
+        raise SystemExit("ct2-int8-vmap needs --shortlist (the table ours-best uses)")
+    if args.shortlist.endswith(".vmap"):
+        return args.shortlist
+    from raymt.pipeline.shortlists import load_table, save_table
+
+    tok = Translator.load(args.model).checkpoint.tokenizer
+    path = os.path.join(tmp, f"shortlist-m{args.shortlist_m}.vmap")
+    if not os.path.exists(path):
+        save_table(path, load_table(args.shortlist, tok), tok, top_m=args.shortlist_m, top_n=100)
+    return path
 
 
 def best_split_table(systems: list[PeerRun], lines: list[str], refs: list[str], repeats: int,
@@ -196,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--systems", default="ours-plain,ours+qkv,ours+onednn,ours-exact,ours-exact-k,ours+int8,ours+bf16,ours-best,"
                    "ct2-float32,ct2-int8,hf", help="ours-plain, ours+qkv, ours+onednn, ours-exact, ours+int8: the cumulative CPU speed-ups "
                    "(workers/speedups.py); ours-unfused-head: ours-exact with its output layer's product and log-softmax + top-k "
-                   "as two passes; ours+bf16: bfloat16 instead of int8; ours-exact-k: ours-exact stopping "
+                   "as two passes; ours+int8-head: ours+int8 with an int8 output layer (product, then top-k); ours+bf16: bfloat16 instead of int8; ours-exact-k: ours-exact stopping "
                    "at K finished hypotheses, CTranslate2's rule (HF early_stopping=True); ours-best: int8 + rp 0.6 "
                    "pruning + --shortlist; ours-topup, ours-var-stream, ours-fifo: ours-exact under that streaming "
                    "policy over the length-sorted input (32 sentences), against batch decoding (ours-exact)")
@@ -234,6 +266,7 @@ def main(argv: list[str] | None = None) -> None:
         best = replace(cfg, pruning=BEST_PRUNING)
         factories = {"ours-exact": lambda: ours(translator, cfg), "ours-best": lambda: ours(best_translator, best, shortlist, best_stats),
                      "ours-unfused-head": lambda: ours(unfused_head(loaded(args, EXACT)), cfg),
+                     "ours+int8-head": lambda: ours(int8_head(loaded(args, INT8)), cfg),
                      "ours-exact-k": lambda: ours(translator, replace(cfg, early_stopping=True)),
                      "ours-plain": lambda: ours(loaded(args, CpuSpeedups()), cfg),
                      "ours+qkv": lambda: ours(loaded(args, CpuSpeedups(fused_qkv=True)), cfg),
@@ -242,6 +275,8 @@ def main(argv: list[str] | None = None) -> None:
                      "ours+bf16": lambda: ours(loaded(args, replace(EXACT, bf16=True)), cfg),
                      "ct2-float32": lambda: ctranslate2_system(args.model, "float32", args.threads, cfg, translator, tmp),
                      "ct2-int8": lambda: ctranslate2_system(args.model, "int8", args.threads, cfg, translator, tmp),
+                     "ct2-int8-vmap": lambda: ctranslate2_system(args.model, "int8", args.threads, cfg, translator, tmp,
+                                                                 vmap=vmap_of(args, tmp)),
                      "hf": lambda: hf_system(args.model, cfg),
                      **{name: (lambda p=policy: ours(translator, cfg, batching=SchedulerConfig(
                          policy=p, max_batch_sentences=translator.max_batch_size,

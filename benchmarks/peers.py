@@ -75,9 +75,10 @@ class Ct2Translator:
     timing: ~1 ms for 1000 lines."""
 
     def __init__(self, path: str, compute_type: str, threads: int, cfg: SearchConfig, translator: Translator,
-                 max_batch_size: int, inter_threads: int = 1) -> None:
+                 max_batch_size: int, inter_threads: int = 1, use_vmap: bool = False) -> None:
         self.path, self.compute_type, self.threads, self.cfg = path, compute_type, threads, cfg
         self.tok, self.max_batch_size, self.inter_threads = translator.checkpoint.tokenizer, max_batch_size, inter_threads
+        self.use_vmap = use_vmap  # the vocabulary map converted into the model (``ctranslate2_system``'s vmap)
         self._ct2: Ct2Process | None = None
 
     def load(self, warmup: list[str] = ()) -> None:
@@ -96,20 +97,25 @@ class Ct2Translator:
         pieces = [self.tok.source_pieces(line) + ["</s>"] for line in lines]
         results = self._ct2.translate_batch(pieces, beam_size=self.cfg.beam_size, length_penalty=self.cfg.length_penalty,
                                             max_batch_size=self.max_batch_size,
-                                            max_decoding_length=self.cfg.max_decoding_length)
+                                            max_decoding_length=self.cfg.max_decoding_length,
+                                            **({"use_vmap": True} if self.use_vmap else {}))
         return [self.tok.decode([self.tok.target_vocab.get(p, self.tok.target_special.unk) for p in hyp])
                 for hyp in results]
 
 
 def ctranslate2_system(model_dir: str, compute_type: str, threads: int, cfg: SearchConfig,
                        translator: Translator, work_dir: str, max_batch_size: int = 32,
-                       inter_threads: int = 1) -> Ct2Translator:
-    """Convert with ct2-transformers-converter (once per work dir), then a ``Ct2Translator``."""
-    out = f"{work_dir}/ct2-{compute_type}"
+                       inter_threads: int = 1, vmap: str | None = None) -> Ct2Translator:
+    """Convert with ct2-transformers-converter (once per work dir), then a ``Ct2Translator``; ``vmap``: a
+    vocabulary map (``.vmap``, the format ``raymt build-shortlist`` writes) converted into the model and
+    used on every batch (CTranslate2's ``use_vmap``)."""
+    out = f"{work_dir}/ct2-{compute_type}" + ("-vmap" if vmap else "")
     if not os.path.exists(f"{out}/model.bin"):
         subprocess.run([sys.executable, "-m", "ctranslate2.converters.transformers", "--model", model_dir,
-                        "--output_dir", out, "--quantization", compute_type, "--force"], check=True, capture_output=True)
-    return Ct2Translator(out, compute_type, threads, cfg, translator, max_batch_size, inter_threads)
+                        "--output_dir", out, "--quantization", compute_type, "--force",
+                        *(["--vocab_mapping", vmap] if vmap else [])], check=True, capture_output=True)
+    return Ct2Translator(out, compute_type, threads, cfg, translator, max_batch_size, inter_threads,
+                         use_vmap=vmap is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,13 +138,22 @@ def splits(cores: int) -> list[Split]:
 _decoder: Translator | None = None  # a decoder process's own translator (``OursDecoders``)
 
 
-def _load_decoder(model_dir: str, threads: int, speedups: CpuSpeedups) -> None:
-    global _decoder
+_shortlist: Shortlist | None = None  # its shortlist (``OursDecoders``' shortlist)
+
+
+def _load_decoder(model_dir: str, threads: int, speedups: CpuSpeedups, shortlist: tuple | None) -> None:
+    global _decoder, _shortlist
     _decoder = Translator.load(model_dir, threads=threads, speedups=speedups)
+    if shortlist is not None:
+        from raymt.pipeline.shortlists import load_shortlist
+
+        url, top_m, top_n = shortlist
+        _shortlist = load_shortlist(url, _decoder.checkpoint.tokenizer, top_m=top_m, top_n=top_n,
+                                    special_ids=_decoder.special_target_ids())
 
 
 def _decode(lines: list[str], cfg: SearchConfig) -> list[str]:
-    return [t.text for t in _decoder.translate(lines, cfg)]
+    return [t.text for t in _decoder.translate(lines, cfg, _shortlist)]
 
 
 class OursDecoders:
@@ -147,15 +162,17 @@ class OursDecoders:
     share by length into batches). Like ``Ct2Translator``, the processes live only between ``load``
     (which also translates a warm-up batch on each) and ``unload``."""
 
-    def __init__(self, model_dir: str, speedups: CpuSpeedups, split: Split, cfg: SearchConfig) -> None:
-        self.model_dir, self.speedups, self.split, self.cfg = model_dir, speedups, split, cfg
+    def __init__(self, model_dir: str, speedups: CpuSpeedups, split: Split, cfg: SearchConfig,
+                 shortlist: tuple[str, int, int] | None = None) -> None:
+        """``shortlist``: (table URL, top M, top N) each decoder loads and decodes with."""
+        self.model_dir, self.speedups, self.split, self.cfg, self.shortlist = model_dir, speedups, split, cfg, shortlist
         self._pools: list[ProcessPoolExecutor] = []
 
     def load(self, warmup: list[str] = ()) -> None:
         if not self._pools:
             spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited thread pools
             self._pools = [ProcessPoolExecutor(1, mp_context=spawn, initializer=_load_decoder,
-                                               initargs=(self.model_dir, self.split.threads, self.speedups))
+                                               initargs=(self.model_dir, self.split.threads, self.speedups, self.shortlist))
                            for _ in range(self.split.workers)]
             if warmup:
                 for done in [pool.submit(_decode, list(warmup), self.cfg) for pool in self._pools]:

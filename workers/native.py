@@ -11,6 +11,9 @@ fuse the costliest chains (measured on 2 cores of an AVX-512 x86-64 CPU, 160 row
 * ``cross_attention``: one query per row over its sentence's cached source K/V; ~1.7x.
 * ``small_linear`` (``small_linear.cpp``): ``x W^T + b`` (and the FFN's activation) for a step's few
   rows, without oneDNN's ~10-20 us of fixed cost per call: 1.33x on Multi30k greedy.
+* ``head_top_log_softmax`` (``head_top.cpp``): the output layer's product and the row top above in
+  one pass over the weights, the (N, V) logits never written (37 MB a step at 160 rows of a 58k-word
+  vocabulary); the same columns as the two calls, log-probs to float32 rounding of the normaliser.
 * ``beam_step`` (``beam_step.cpp``): the whole beam-search step after the output layer (candidates,
   finished pools, stop test, reorder, readback) in one call instead of ~20-50 ATen calls (greedy too).
 

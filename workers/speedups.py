@@ -31,8 +31,9 @@
   that is where CI tests it.
 * ``native``: the fused C++ decode-step operators of ``workers/native.py`` as the model's step
   backend (``raymt.workers.step_ops.NativeOps``: log-softmax + top-k bit-equal to ATen's; one-query self-
-  and cross-attention, float32 to ~1e-6), built on first use; float32 activations only (bf16 steps
-  keep ``AtenOps``). Skipped, with a warning, where they cannot be built.
+  and cross-attention, float32 to ~1e-6; with ``onednn``, the output layer's product fused with the
+  log-softmax + top-k, ``PackedLinear.row_top``), built on first use; float32 activations only (bf16
+  steps keep ``AtenOps``). Skipped, with a warning, where they cannot be built.
 * ``warm_heap``: glibc's allocator serves tensors up to 32 MB from its heap and keeps freed memory
   (``mallopt``; a process setting, applied once) so a step's large tensors (logits, caches) reuse
   warm pages. By default glibc maps each large block fresh and returns it on free, and every step
@@ -395,6 +396,9 @@ def apply_speedups(model: MarianModel, opts: CpuSpeedups) -> MarianModel:
                     layer.use_small_kernel(kernels)
                 if model.pack_head is PackedLinear:  # shortlist heads on the same kernel as the full one: a
                     model.pack_head = functools.partial(_small_head, kernels=kernels)  # column sums alike
+                if opts.int8:  # the output layer in float32, fused with the search's row top: faster than the
+                    model.vocab_head = _small_head(model.lm_head.weight, None, kernels)  # int8 product + row top
+                    model.pack_head = functools.partial(_small_head, kernels=kernels)
         else:
             logger.warning("this torch build has no oneDNN linear kernels: onednn speed-up skipped")
     return model

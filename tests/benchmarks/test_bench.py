@@ -159,3 +159,31 @@ def test_best_split_lists_every_split_and_the_best_of_each(demo_model_dir, tmp_p
     assert all((r["bleu"], r["target_tokens"]) == (main_row["bleu"], main_row["target_tokens"])
                for r in grid["rows"] if r["system"] == "ours-exact")
     assert "Best split per system" in out.with_suffix(".md").read_text()
+
+
+def test_shape_checkpoints_decode_to_the_cap_alike_and_the_vmap_reaches_ctranslate2(tmp_path):
+    """A random-weight checkpoint of a user's shape (``benchmarks.shapes``; here a small one) loads in
+    ours, CTranslate2 and HF, decodes every sentence to ``--max-tokens`` in each (EOS unreachable), and
+    ours-best's shortlist reaches CTranslate2 as the same vocabulary map (``ct2-int8-vmap``)."""
+    pytest.importorskip("ctranslate2")
+    pytest.importorskip("transformers")
+    from benchmarks.shapes import Shape, build
+
+    shared_path("multi30k", "test_2016_flickr.de")
+    tokenizer = shared_path("..", "models", "base-de-en", "vocab.json").parent
+    model = build(Shape(64, 2, 128, 9001, "swish", layers=1), str(tmp_path / "shape"), str(tokenizer))
+    vocab = json.loads((tmp_path / "shape" / "vocab.json").read_text(encoding="utf-8"))
+    assert len(vocab) == 9001 and vocab["<pad>"] == 9000 and "▁unused0" in vocab
+    vmap = tmp_path / "table.vmap"
+    vmap.write_text("\t▁a ▁the .\n▁Ein\t▁A ▁a\n▁Hund\t▁dog\n", encoding="utf-8")
+    out = tmp_path / "peers"
+    main(["--model", model, "--data", str(SHARED_DATA), "--sets", "multi30k", "--lines", "6", "--beams", "2",
+          "--repeats", "1", "--max-tokens", "5", "--systems", "ours-exact,ours-unfused-head,ours-best,ct2-float32,"
+          "ct2-int8-vmap,hf", "--shortlist", str(vmap), "--profile", "", "--out", str(out)])
+    table = json.loads(out.with_suffix(".json").read_text())["tables"]["multi30k/beam2"]
+    rows = {r["system"]: r for r in table["rows"]}
+    full = {rows[name]["target_tokens"] for name in ("ours-exact", "ours-unfused-head", "ct2-float32", "hf")}
+    assert len(full) == 1 and full.pop() > 6 * 3  # every sentence to the cap (5 pieces; re-tokenised text)
+    same = table["identical_outputs"]
+    assert same["ours-exact = hf"] == same["ours-unfused-head = ours-exact"] == 6  # the fused output layer: no token moves
+    assert "ours-best / ct2-int8-vmap" in table["ratios"]
