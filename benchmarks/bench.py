@@ -129,13 +129,16 @@ def unfused_head(translator: Translator) -> Translator:
     return translator
 
 
-def int8_head(translator: Translator) -> Translator:
-    """An int8 ``translator`` with its output layer quantised too (FBGEMM's product, then the row top)
-    instead of the fused float32 pass the native kernels give it."""
-    from raymt.workers.speedups import Int8Linear
+def float_head(translator: Translator) -> Translator:
+    """An int8 ``translator`` with its output layer in float32, fused with the row top
+    (``PackedLinear.row_top``), instead of its int8 product followed by the row top."""
+    from raymt.workers.native import load
+    from raymt.workers.speedups import PackedLinear
 
-    model = translator.checkpoint.model
-    model.vocab_head, model.pack_head = Int8Linear.from_weight(model.lm_head.weight, None), Int8Linear.from_weight
+    model, kernels = translator.checkpoint.model, load()
+    if kernels is not None:
+        model.vocab_head = PackedLinear(model.lm_head.weight, None)
+        model.vocab_head.use_small_kernel(kernels)
     return translator
 
 
@@ -228,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--systems", default="ours-plain,ours+qkv,ours+onednn,ours-exact,ours-exact-k,ours+int8,ours+bf16,ours-best,"
                    "ct2-float32,ct2-int8,hf", help="ours-plain, ours+qkv, ours+onednn, ours-exact, ours+int8: the cumulative CPU speed-ups "
                    "(workers/speedups.py); ours-unfused-head: ours-exact with its output layer's product and log-softmax + top-k "
-                   "as two passes; ours+int8-head: ours+int8 with an int8 output layer (product, then top-k); ours+bf16: bfloat16 instead of int8; ours-exact-k: ours-exact stopping "
+                   "as two passes; ours+int8-float-head: ours+int8 with a float32 output layer fused with the top-k; ours+bf16: bfloat16 instead of int8; ours-exact-k: ours-exact stopping "
                    "at K finished hypotheses, CTranslate2's rule (HF early_stopping=True); ours-best: int8 + rp 0.6 "
                    "pruning + --shortlist; ours-topup, ours-var-stream, ours-fifo: ours-exact under that streaming "
                    "policy over the length-sorted input (32 sentences), against batch decoding (ours-exact)")
@@ -266,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
         best = replace(cfg, pruning=BEST_PRUNING)
         factories = {"ours-exact": lambda: ours(translator, cfg), "ours-best": lambda: ours(best_translator, best, shortlist, best_stats),
                      "ours-unfused-head": lambda: ours(unfused_head(loaded(args, EXACT)), cfg),
-                     "ours+int8-head": lambda: ours(int8_head(loaded(args, INT8)), cfg),
+                     "ours+int8-float-head": lambda: ours(float_head(loaded(args, INT8)), cfg),
                      "ours-exact-k": lambda: ours(translator, replace(cfg, early_stopping=True)),
                      "ours-plain": lambda: ours(loaded(args, CpuSpeedups()), cfg),
                      "ours+qkv": lambda: ours(loaded(args, CpuSpeedups(fused_qkv=True)), cfg),

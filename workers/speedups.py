@@ -396,9 +396,6 @@ def apply_speedups(model: MarianModel, opts: CpuSpeedups) -> MarianModel:
                     layer.use_small_kernel(kernels)
                 if model.pack_head is PackedLinear:  # shortlist heads on the same kernel as the full one: a
                     model.pack_head = functools.partial(_small_head, kernels=kernels)  # column sums alike
-                if opts.int8:  # the output layer in float32, fused with the search's row top: faster than the
-                    model.vocab_head = _small_head(model.lm_head.weight, None, kernels)  # int8 product + row top
-                    model.pack_head = functools.partial(_small_head, kernels=kernels)
         else:
             logger.warning("this torch build has no oneDNN linear kernels: onednn speed-up skipped")
     return model
