@@ -229,7 +229,7 @@ def decoder_settings(args: argparse.Namespace, decode: DecodeConfig, one_file: b
 def pipeline_config(args: argparse.Namespace, decode: DecodeConfig) -> PipelineConfig:
     one_file = single_file(args.output)
     settings = decoder_settings(args, decode, one_file)
-    gpus = args.gpus_per_decoder or (1 if settings.device.startswith("cuda") and not args.in_process else 0)
+    gpus = args.gpus_per_decoder or (1 if settings.decode.runtime.device.startswith("cuda") and not args.in_process else 0)
     decoders = args.decoders
     if args.min_decoders is not None or args.max_decoders is not None:
         decoders = (args.min_decoders or 1, args.max_decoders or max(args.min_decoders or 1, 1))

@@ -1,16 +1,21 @@
 """The translate command's flags, grouped as ``--help`` shows them: what a user sets first (model,
 input, output, beam, n-best, device, decoders, threads), then input columns, search, precision,
 shortlist, scheduling and batching, the Ray cluster and fault tolerance; research knobs (beam
-pruning, VAR-STREAM's refill) last. Every default is read from ``raymt.workers.decode_config``'s
-one table, the one ``Translator`` decodes with too; the search flags (``--beam-size``, the length
-flags, ``--length-penalty``, ``--early-stopping``) default to None, so that a flag left out takes an
-M2M100 / NLLB model's own generation setting (``raymt.workers.generation``) and a flag given wins.
+pruning, VAR-STREAM's refill) last. Every decoding default is read from
+``raymt.workers.decode_config``'s one table, the one ``Translator`` decodes with too, and every
+cluster and fault default from the pipeline's configs (``PipelineConfig``, ``Health``), the ones
+the driver runs with. The search flags (``--beam-size``, the length flags, ``--length-penalty``,
+``--early-stopping``) default to None, so that a flag left out takes an M2M100 / NLLB model's own
+generation setting (``raymt.workers.generation``) and a flag given wins.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 
+from raymt.pipeline.dispatch import Health
+from raymt.pipeline.settings import PipelineConfig
 from raymt.workers.decode_config import DEFAULTS, SCHEDULE, SHORTLIST
 from raymt.workers.scheduler import CapacityUnit, Policy
 
@@ -24,6 +29,12 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         return action.help if action.default is None else super()._get_help_string(action)
+
+
+def default_of(config: type, name: str):
+    """The default of field ``name`` of a config dataclass (``PipelineConfig``, ``Health``): the cluster
+    and fault flags read the pipeline's one table of defaults, as the search flags read ``DEFAULTS``."""
+    return next(f.default for f in dataclasses.fields(config) if f.name == name)
 
 
 def device_name(text: str) -> str:
@@ -172,16 +183,16 @@ def add_batching_flags(g) -> None:
 
 def add_cluster_flags(g) -> None:
     g.add_argument("--in-process", action="store_true", help="no Ray: decode in this process (same worker code)")
-    g.add_argument("--local-rows", type=int, default=1000,
+    g.add_argument("--local-rows", type=int, default=default_of(PipelineConfig, "local_rows"),
                    help="with no cluster address (RAY_ADDRESS), inputs of at most this many rows are decoded in "
                         "this process instead of starting Ray (0: always Ray)")
     g.add_argument("--min-decoders", type=int, help="autoscaling pool: at least this many decoder actors")
     g.add_argument("--max-decoders", type=int, help="autoscaling pool: at most this many decoder actors")
-    g.add_argument("--encoders", type=int, default=1, help="encoder (tokeniser) actors; 0: decoders tokenise")
+    g.add_argument("--encoders", type=int, default=default_of(PipelineConfig, "encoders"), help="encoder (tokeniser) actors; 0: decoders tokenise")
     g.add_argument("--cpus-per-decoder", type=float, default=0, help="CPUs reserved per decoder (0: --threads)")
     g.add_argument("--gpus-per-decoder", type=float, default=0,
                    help="GPUs reserved per decoder actor; each decodes on the GPU Ray assigns it (--device cuda)")
-    g.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines")
+    g.add_argument("--progress-every", type=float, default=default_of(PipelineConfig, "progress_every_s"), help="seconds between progress lines")
 
 
 def add_fault_flags(g) -> None:
@@ -191,13 +202,13 @@ def add_fault_flags(g) -> None:
     g.add_argument("--skip-corrupt", action="store_true",
                    help="an unreadable Parquet file is skipped (reported) and a unit whose rows cannot be read "
                         "is written as rows with status 'unreadable', instead of failing the job")
-    g.add_argument("--lease-ttl", type=float, default=60.0,
+    g.add_argument("--lease-ttl", type=float, default=default_of(PipelineConfig, "lease_ttl_s"),
                    help="seconds this job's hold on the output outlives it if it is paused, cut off or killed on "
                         "another node; a job paused past it has lost the output and stops without writing")
-    g.add_argument("--decoder-wait", type=float, default=600.0,
+    g.add_argument("--decoder-wait", type=float, default=default_of(Health, "decoder_wait_s"),
                    help="seconds the job waits with no decoder actor ready (cluster full, GPUs missing, actors "
                         "crashing) before it fails naming the units left; rerunning resumes")
-    g.add_argument("--stall-timeout", type=float, default=1800.0,
+    g.add_argument("--stall-timeout", type=float, default=default_of(Health, "stall_timeout_s"),
                    help="a decoder actor with work that returns nothing for this many seconds is killed and "
                         "restarted; its units are sent again. An encoder stream that delivers nothing this long "
                         "while every decoder waits is given up: its units go to the decoders untokenised")

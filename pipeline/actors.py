@@ -30,6 +30,7 @@ from raymt.pipeline.passthrough import read_passthrough, with_passthrough
 from raymt.pipeline.records import EncodedUnit, UnitStats
 from raymt.pipeline.settings import DecoderSettings, PartColumns  # noqa: F401  (PartColumns: re-exported)
 from raymt.pipeline.sink import OUTPUT_SCHEMA, OutputStore, output_table
+from raymt.pipeline.loading import load_decoder
 from raymt.pipeline.storage import model_reader
 from raymt.pipeline.timeline import Counters, Sampler, Slice, Snapshot
 from raymt.pipeline.units import Columns, UnitRows, WorkUnit, read_unit
@@ -115,19 +116,10 @@ class DecoderWorker:
     def __init__(self, settings: DecoderSettings, columns: Columns, name: str = "",
                  report: Callable[[str, Snapshot], None] | None = None) -> None:
         self.settings = settings
-        device = _device(settings.device)
-        self.translator = Translator.load(model_reader(settings.model, settings.model_pins), threads=settings.threads,
-                                          max_batch_size=settings.max_batch_size, speedups=settings.speedups,
-                                          device=device)
+        device = _device(settings.decode.runtime.device)
+        loaded = load_decoder(settings.model, settings.decode, device=device, pins=settings.model_pins)
+        self.translator, self.shortlist = loaded.translator, loaded.shortlist
         logger.info("decoder on %s%s", device, f" (Ray GPU ids {_gpu_ids()})" if device.type == "cuda" else "")
-        if settings.tune_batch:
-            self.translator.tune_batches(settings.search)
-        self.shortlist = None
-        if settings.shortlist:
-            from raymt.pipeline.shortlists import load_shortlist
-            self.shortlist = load_shortlist(settings.shortlist, self.translator.checkpoint.tokenizer,
-                                            top_m=settings.shortlist_m, top_n=settings.shortlist_n,
-                                            special_ids=self.translator.special_target_ids())
         self.store = OutputStore(settings.output, plan=settings.plan, fence=settings.fence)
         self.actor = f"{socket.gethostname()}:{os.getpid()}"
         self.node = _node_id()
@@ -146,14 +138,14 @@ class DecoderWorker:
 
     def _live(self) -> Counters:
         st = self.live  # (batch mode's batches are not refills: its scheduler admits each one whole)
-        return Counters(st.steps, st.sentence_steps, st.scheduler.refills if self.settings.batching else 0)
+        return Counters(st.steps, st.sentence_steps, st.scheduler.refills if self.settings.decode.batching.schedule else 0)
 
     def _counters(self) -> Counters:
         with self.lock:
             return self.base + self._live()
 
     def _capacity(self) -> int:
-        b = self.settings.batching
+        b = self.settings.decode.batching.schedule
         return b.max_batch_sentences if b else (self.translator.tuner.size if self.translator.tuner
                                                  else self.translator.max_batch_size)
 
@@ -188,21 +180,21 @@ class DecoderWorker:
             self.unit = {"name": unit.name, "rows": len(enc.rows), "source_tokens": enc.source_tokens,
                          "start_tokens": self.base.tokens}
         t0 = time.perf_counter()
-        decoded = tr.decode_ids(enc.pieces, self.settings.search, self.shortlist, self.settings.batching, stats=self.live,
-                                static=self.settings.static,
+        decoded = tr.decode_ids(enc.pieces, self.settings.decode.search, self.shortlist, self.settings.decode.batching.schedule, stats=self.live,
+                                static=self.settings.decode.batching.static,
                                 forced_first=tr.forced_first(piece_targets(enc, self.settings.target_lang), len(enc.pieces)))
         hyps = decoded.hypotheses
         decode_s = time.perf_counter() - t0
         self.sampler.sample()  # the unit's last slice ends with its last step
         table, texts = self._output_table(enc, hyps)
-        if self.settings.keep_reference:
+        if self.settings.parts.keep_reference:
             table = table.append_column("reference", pa.array(enc.references or [None] * len(texts), pa.string()))
-        if self.settings.token_logprobs:
+        if self.settings.parts.token_logprobs:
             table = table.append_column("token_logprobs", self._token_logprobs(enc, hyps))
         if self.settings.parts.passthrough:  # read again from the pinned unit, not carried through decoding
             table = with_passthrough(table, read_passthrough(unit, self.encoder.columns))
         evaluation = None
-        if self.settings.evaluate and enc.references is not None:
+        if self.settings.parts.evaluate and enc.references is not None:
             evaluation = sufficient_stats(texts, enc.references)
         stats = self._stats(enc, decoded.stats, started, wait_s, decode_s, evaluation)
         self.store.commit(unit.name, table, pa.Table.from_pylist([stats.to_row()]),
@@ -226,7 +218,7 @@ class DecoderWorker:
 
     def _stats(self, enc: EncodedUnit, st: DecodeStats, started: float, wait_s: float, decode_s: float,
                evaluation: EvalStats | None) -> UnitStats:
-        tr, batching = self.translator, self.settings.batching
+        tr, batching = self.translator, self.settings.decode.batching.schedule
         sizes = st.shortlist_sizes
         capacity = batching.max_batch_sentences if batching else tr.max_batch_size
         statuses: dict[str, int] = {}

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from raymt.pipeline.storage import model_reader
+from raymt.pipeline.loading import load_decoder
 from raymt.workers.config import SearchConfig
 from raymt.workers.decode_config import DEFAULTS, DecodeConfig, RuntimeConfig, ShortlistSource, batching_for
 from raymt.workers.device import resolve_device
@@ -88,17 +88,8 @@ class Translator:
     @classmethod
     def from_config(cls, model: str, decode: DecodeConfig) -> Translator:
         """A model loaded for one ``DecodeConfig`` (what the command line builds from its flags)."""
-        rt = decode.runtime
-        core = Core.load(model_reader(model), threads=rt.threads or None, speedups=rt.speedups,
-                         max_batch_size=decode.batching.max_batch_size, device=resolve_device(rt.device))
-        if decode.batching.tune:
-            core.tune_batches(decode.search)
-        shortlist = None
-        if decode.shortlist:
-            from raymt.pipeline.shortlists import load_shortlist
-            shortlist = load_shortlist(decode.shortlist.path, core.checkpoint.tokenizer, top_m=decode.shortlist.top_m,
-                                       top_n=decode.shortlist.top_n, special_ids=core.special_target_ids())
-        return cls(core, decode, shortlist)
+        loaded = load_decoder(model, decode)
+        return cls(loaded.translator, decode, loaded.shortlist)
 
     def translate(self, texts: Sequence[str], *, nbest: int | None = None, source_lang: str | Sequence[str] | None = None,
                   target_lang: str | Sequence[str] | None = None, **search):

@@ -12,11 +12,7 @@ from raymt.pipeline.evaluate import Scores
 from raymt.pipeline.lease import Fence
 from raymt.pipeline.records import UnitStats
 from raymt.pipeline.units import Columns
-from raymt.workers.config import SearchConfig
-from raymt.workers.decode_config import SHORTLIST, DecodeConfig
-from raymt.workers.scheduler import SchedulerConfig
-from raymt.workers.speedups import CpuSpeedups
-from raymt.workers.static_step import StaticStep
+from raymt.workers.decode_config import DecodeConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +27,8 @@ class PartColumns:
 
 @dataclass(frozen=True, slots=True)
 class DecoderSettings:
-    """What a decoder actor needs: the model, where it commits, how it decodes (one ``DecodeConfig``)
-    and the job's hold on the output. The read-only properties below are views of ``decode``."""
+    """What a decoder actor needs: the model, where it commits, how it decodes (one ``DecodeConfig``,
+    read whole: ``settings.decode.search``, ``settings.decode.batching``) and the job's hold on the output."""
 
     model: str
     output: str
@@ -48,62 +44,6 @@ class DecoderSettings:
 
     def with_threads(self, threads: int) -> DecoderSettings:
         return replace(self, decode=replace(self.decode, runtime=replace(self.decode.runtime, threads=threads)))
-
-    @property
-    def search(self) -> SearchConfig:
-        return self.decode.search
-
-    @property
-    def batching(self) -> SchedulerConfig | None:
-        return self.decode.batching.schedule
-
-    @property
-    def static(self) -> StaticStep | None:
-        return self.decode.batching.static
-
-    @property
-    def max_batch_size(self) -> int:
-        return self.decode.batching.max_batch_size
-
-    @property
-    def tune_batch(self) -> bool:
-        return self.decode.batching.tune
-
-    @property
-    def threads(self) -> int:
-        return self.decode.runtime.threads
-
-    @property
-    def speedups(self) -> CpuSpeedups:
-        return self.decode.runtime.speedups
-
-    @property
-    def device(self) -> str:
-        return self.decode.runtime.device
-
-    @property
-    def shortlist(self) -> str | None:
-        return self.decode.shortlist.path if self.decode.shortlist else None
-
-    @property
-    def shortlist_m(self) -> int:
-        return (self.decode.shortlist or SHORTLIST).top_m
-
-    @property
-    def shortlist_n(self) -> int:
-        return (self.decode.shortlist or SHORTLIST).top_n
-
-    @property
-    def evaluate(self) -> bool:
-        return self.parts.evaluate
-
-    @property
-    def token_logprobs(self) -> bool:
-        return self.parts.token_logprobs
-
-    @property
-    def keep_reference(self) -> bool:
-        return self.parts.keep_reference
 
 
 @dataclass(frozen=True, slots=True)

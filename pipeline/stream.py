@@ -15,7 +15,6 @@ rerun, not resumed.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import IO, Callable, Iterable, Iterator
 
@@ -25,12 +24,11 @@ from raymt.pipeline.actors import EncoderWorker, decoded_table, piece_targets
 from raymt.pipeline.formats import OutputFormat, input_kind, output_format
 from raymt.pipeline.settings import DecoderSettings
 from raymt.pipeline.sink import compressed_writer
-from raymt.pipeline.storage import model_reader, open_whole, storage_options
+from raymt.pipeline.loading import load_decoder
+from raymt.pipeline.storage import open_whole, storage_options
 from raymt.pipeline.textfiles import open_lines
 from raymt.pipeline.units import Columns, InputError, WorkUnit, line_rows
 from raymt.pipeline.writers import lines_of
-from raymt.workers.device import resolve_device
-from raymt.workers.translator import Translator
 
 logger = logging.getLogger(__name__)
 STDIO = "-"
@@ -72,19 +70,12 @@ class StreamTranslator:
 
     def __init__(self, settings: DecoderSettings, columns: Columns, fmt: OutputFormat) -> None:
         self.settings, self.columns, self.fmt = settings, columns, fmt
-        self.translator = Translator.load(model_reader(settings.model), threads=settings.threads or os.cpu_count(),
-                                          max_batch_size=settings.max_batch_size, speedups=settings.speedups,
-                                          device=resolve_device(settings.device))
+        loaded = load_decoder(settings.model, settings.decode)
+        self.translator, self.shortlist = loaded.translator, loaded.shortlist
         self.encoder = EncoderWorker(self.translator, columns, settings.source_lang, settings.target_lang,
                                      settings.decode.max_row_chars)
         if not columns.target_lang:  # (a missing or unknown language: one line, here)
             self.translator.forced_first(settings.target_lang, 1)
-        self.shortlist = None
-        if settings.shortlist:
-            from raymt.pipeline.shortlists import load_shortlist
-            self.shortlist = load_shortlist(settings.shortlist, self.translator.checkpoint.tokenizer,
-                                            top_m=settings.shortlist_m, top_n=settings.shortlist_n,
-                                            special_ids=self.translator.special_target_ids())
 
     def lines(self, batch: list[bytes], offset: int, kind: str, result: StreamResult) -> str:
         """The output lines of input lines ``offset:offset + len(batch)`` (rows numbered from ``offset``)."""
@@ -92,7 +83,8 @@ class StreamTranslator:
                         offset, None)
         enc = self.encoder.encode_rows(unit, line_rows(unit, self.columns, batch, list(range(offset, offset + len(batch)))))
         s = self.settings
-        decoded = self.translator.decode_ids(enc.pieces, s.search, self.shortlist, s.batching, static=s.static,
+        decoded = self.translator.decode_ids(enc.pieces, s.decode.search, self.shortlist, s.decode.batching.schedule,
+                                             static=s.decode.batching.static,
                                              forced_first=self.translator.forced_first(piece_targets(enc, s.target_lang),
                                                                                        len(enc.pieces)))
         table, _ = decoded_table(enc, decoded.hypotheses, self.translator.checkpoint.tokenizer, s.signature)
@@ -107,7 +99,7 @@ def translate_stream(input_url: str, output_url: str, settings: DecoderSettings,
                      stdin: IO[bytes], stdout: IO[bytes], batch_rows: int = 64) -> StreamResult:
     """Translate ``input_url`` (``-``: ``stdin``) into ``output_url`` (``-``: ``stdout``, flushed per batch)."""
     kind = stream_kind(input_url)
-    nbest = settings.search.num_hypotheses
+    nbest = settings.decode.search.num_hypotheses
     fmt = OutputFormat("text", nbest=nbest, text_name=columns.text) if output_url == STDIO \
         else output_format(output_url, nbest, columns.text)
     if fmt.kind == "parquet":
