@@ -12,6 +12,12 @@ from raymt.workers.translator import Translator
 NEG_INF = float("-inf")
 
 
+@pytest.fixture(autouse=True)
+def fused_at_any_width(monkeypatch):
+    """The fused pass at every output width (by default only from ``FUSED_MIN_OUTPUTS`` on, where it pays)."""
+    monkeypatch.setattr(PackedLinear, "FUSED_MIN_OUTPUTS", 0)
+
+
 def packed_head(weight: torch.Tensor, kernels) -> PackedLinear:
     head = PackedLinear(weight, None)
     head.use_small_kernel(kernels)
@@ -63,8 +69,11 @@ def test_fused_head_breaks_ties_by_column_and_does_not_depend_on_threads(native_
         assert torch.equal(values, results[0][0]) and torch.equal(columns, results[0][1])  # bit-equal at any split
 
 
-def test_fused_head_declines_what_it_does_not_take(native_kernels) -> None:
+def test_fused_head_declines_what_it_does_not_take(native_kernels, monkeypatch) -> None:
     head = packed_head(torch.randn(100, 16), native_kernels)
+    monkeypatch.setattr(PackedLinear, "FUSED_MIN_OUTPUTS", 101)
+    assert head.row_top(torch.randn(3, 16), 4, -1, None) is None  # too narrow to pay
+    monkeypatch.setattr(PackedLinear, "FUSED_MIN_OUTPUTS", 0)
     assert head.row_top(torch.randn(PackedLinear.SMALL_KERNEL_ROWS + 1, 16), 4, -1, None) is None  # oneDNN's rows
     assert head.row_top(torch.randn(3, 16, dtype=torch.float64), 4, -1, None) is None
     assert PackedLinear(torch.randn(100, 16), None).row_top(torch.randn(3, 16), 4, -1, None) is None  # no kernels
