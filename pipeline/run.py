@@ -75,7 +75,7 @@ def init_ray(**kwargs) -> None:
 
 def _decoder_pool(cfg: PipelineConfig, cluster_cpus: float, cluster_gpus: float) -> tuple[int, int, float, float]:
     gpus = cfg.gpus_per_decoder
-    cpus = cfg.cpus_per_decoder or float(cfg.decoder.threads)
+    cpus = cfg.cpus_per_decoder or float(cfg.decoder.decode.runtime.threads)
     if isinstance(cfg.decoders, tuple):
         return cfg.decoders[0], cfg.decoders[1], cpus, gpus
     n = cfg.decoders or max(1, math.floor(cluster_gpus / gpus) if gpus else math.floor(cluster_cpus / cpus))
@@ -87,7 +87,8 @@ def plan_record(cfg: PipelineConfig, plan: Plan, source: ResolvedModel | None = 
     as ``hf://org/name@<commit>/<file>``, wherever this machine's cache is)."""
     source = source or ResolvedModel(cfg.decoder.model)
     model = snapshot_files(source.path, source.url, source.commit) if source.hub else model_files(source.path)
-    model += model_files(cfg.decoder.shortlist) if cfg.decoder.shortlist else []
+    shortlist = cfg.decoder.decode.shortlist
+    model += model_files(shortlist.path) if shortlist else []
     columns = {k: v for k, v in asdict(cfg.columns).items()  # earlier plans lack these at their defaults
                if (k, v) not in (("tsv_column", 1), ("source_lang", None), ("target_lang", None))}
     return PlanRecord(inputs=plan.versions, columns=columns,  # the versions the units are pinned to
@@ -136,7 +137,7 @@ def _unit_rows(cfg: PipelineConfig) -> int | Callable[[int], int]:
     earlier = None if cfg.restart else OutputStore(cfg.decoder.output).read_plan()
     if earlier is not None:
         return earlier.unit_rows
-    gpu, decoders = on_gpu(cfg.decoder.device, cfg.gpus_per_decoder), _expected_decoders(cfg)
+    gpu, decoders = on_gpu(cfg.decoder.decode.runtime.device, cfg.gpus_per_decoder), _expected_decoders(cfg)
     return lambda rows: auto_unit_rows(rows, gpu, decoders=1 if _runs_here(cfg, rows) else decoders)
 
 
@@ -157,7 +158,7 @@ def _expected_decoders(cfg: PipelineConfig) -> int:
 
 
 def _with_default_threads(cfg: PipelineConfig) -> PipelineConfig:
-    return replace(cfg, decoder=cfg.decoder.with_threads(cfg.decoder.threads or 2))
+    return replace(cfg, decoder=cfg.decoder.with_threads(cfg.decoder.decode.runtime.threads or 2))
 
 
 def run_pipeline(cfg: PipelineConfig, finish: Callable[[OutputStore], object] | None = None) -> PipelineResult:
@@ -171,7 +172,7 @@ def run_pipeline(cfg: PipelineConfig, finish: Callable[[OutputStore], object] | 
     source = job_model(cfg)
     cfg = replace(cfg, decoder=replace(cfg.decoder, model=source.ref))  # what every actor loads, pinned
     check_model(source.path, name=f"{source.ref} ({source.path})" if source.hub else None)
-    fmt = check_output_format(cfg.assemble_to, cfg.decoder.search.num_hypotheses, cfg.columns.text) \
+    fmt = check_output_format(cfg.assemble_to, cfg.decoder.decode.search.num_hypotheses, cfg.columns.text) \
         if cfg.assemble_to else None  # a name asking for a format the job does not write: refused here
     check_output(cfg.input, cfg.decoder.output, cfg.assemble_to, source.path)
     plan: Plan = plan_units(cfg.input, cfg.columns, _unit_rows(cfg), skip_corrupt=cfg.skip_corrupt)
@@ -255,7 +256,7 @@ def _run(cfg: PipelineConfig, plan: Plan, store: OutputStore, lease: Lease) -> P
                         f"wrote this output; this job removes nothing and writes no _SUCCESS")
     if pruned := store.prune():
         logger.warning("removed %d file(s) of another plan (late commits of a killed job)", pruned)
-    result.scores = _evaluate(store) if cfg.decoder.evaluate else None
+    result.scores = _evaluate(store) if cfg.decoder.parts.evaluate else None
     unreadable = {m.unit: m.unreadable for m in markers if m.unreadable}  # this run's and earlier ones
     result.statuses = dict(sum((Counter(m.statuses) for m in markers), Counter()))
     store.write_success(JobSummary(
@@ -280,7 +281,7 @@ def _runs_here(cfg: PipelineConfig, rows: int) -> bool:
 def _decode_here(cfg: PipelineConfig, result: PipelineResult, store: OutputStore, todo: list[WorkUnit],
                  lease: Lease) -> None:
     """The decoder actor's code, run in this process: each unit committed as the actors commit it."""
-    cfg = replace(cfg, decoder=cfg.decoder.with_threads(cfg.decoder.threads or os.cpu_count() or 1))
+    cfg = replace(cfg, decoder=cfg.decoder.with_threads(cfg.decoder.decode.runtime.threads or os.cpu_count() or 1))
     progress, start, last = Progress(sum(u.stop - u.start for u in todo), cfg.decoder.slice_s), time.perf_counter(), [0.0]
 
     def report(actor: str, snapshot: Snapshot) -> None:  # from the worker's sampler thread, every slice
@@ -316,7 +317,7 @@ def _decode_on_ray(cfg: PipelineConfig, result: PipelineResult, store: OutputSto
     """Decoder actors on the cluster (joined or started here), fed by ``raymt.pipeline.driver.Driver``."""
     init_ray()
     import ray
-    if cfg.decoder.speedups.native:  # built once here, so no decoder builds (or can be killed building) it
+    if cfg.decoder.decode.runtime.speedups.native:  # built once here, so no decoder builds (or can be killed building) it
         from raymt.workers.native import prebuild
         prebuild()
     cfg = _with_default_threads(cfg)
