@@ -88,19 +88,22 @@ def test_batching_defaults_follow_the_device_and_flags_win(tmp_path):
     def settings(*extra):
         args = build_parser().parse_args([*base, *extra])
         pc = pipeline_config(args, decode_config(args))
-        return pc.decoder, pc.unit_rows
+        return pc.decoder.decode, pc.unit_rows
 
     cpu, units = settings()
-    assert (cpu.max_batch_size, cpu.static, cpu.batching.refill_threshold, cpu.device) == (32, None, 0.5, "cpu")
-    assert cpu.batching.max_batch_sentences == CPU_DEFAULTS.max_batch_size and units is None  # (units: by input size)
+    assert (cpu.batching.max_batch_size, cpu.batching.static, cpu.batching.schedule.refill_threshold,
+            cpu.runtime.device) == (32, None, 0.5, "cpu")
+    assert cpu.batching.schedule.max_batch_sentences == CPU_DEFAULTS.max_batch_size and units is None  # (by input size)
     for gpu_flags in (["--device", "cuda"], ["--gpus-per-decoder", "1"], ["--device", "auto", "--gpus-per-decoder", "1"]):
         gpu, _ = settings(*gpu_flags)
-        assert (gpu.max_batch_size, gpu.static.readback_every, gpu.batching.refill_threshold) == (
+        assert (gpu.batching.max_batch_size, gpu.batching.static.readback_every,
+                gpu.batching.schedule.refill_threshold) == (
             GPU_DEFAULTS.max_batch_size, GPU_DEFAULTS.static_step, GPU_DEFAULTS.refill_threshold), gpu_flags
-        assert gpu.batching.capacity == GPU_DEFAULTS.max_batch_size
+        assert gpu.batching.schedule.capacity == GPU_DEFAULTS.max_batch_size
     given, units = settings("--device", "cuda", "--max-batch-size", "256", "--static-step", "0", "--refill-threshold",
                             "0.5", "--unit-rows", "100")
-    assert (given.max_batch_size, given.static, given.batching.refill_threshold, units) == (256, None, 0.5, 100)
+    assert (given.batching.max_batch_size, given.batching.static, given.batching.schedule.refill_threshold, units) == (
+        256, None, 0.5, 100)
 
 
 def broken_model(tmp_path, demo_model_dir, drop=(), config: bytes | None = None):
