@@ -65,12 +65,12 @@ def find_torch() -> ModuleType | None:
     return None
 
 
-def targets(ops: ModuleType) -> list[str]:
+def targets(build_spec: ModuleType) -> list[str]:
     wanted = [t.strip() for t in os.environ.get("RAYMT_NATIVE_TARGETS", "").split(",") if t.strip()]
-    unknown = [t for t in wanted if t not in ops.MARCH_FLAGS]
+    unknown = [t for t in wanted if t not in build_spec.MARCH_FLAGS]
     if unknown:
-        raise SystemExit(f"RAYMT_NATIVE_TARGETS: unknown target(s) {', '.join(unknown)}; known: {', '.join(ops.ORDER)}")
-    return wanted or ops.machine_targets()
+        raise SystemExit(f"RAYMT_NATIVE_TARGETS: unknown target(s) {', '.join(unknown)}; known: {', '.join(build_spec.ORDER)}")
+    return wanted or build_spec.machine_targets()
 
 
 def native_extensions() -> tuple[list, dict]:
@@ -84,19 +84,20 @@ def native_extensions() -> tuple[list, dict]:
         return [], {}
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-    ops = native_build()
-    sources = [os.path.join("workers", "csrc", name) for name in ops.SOURCE_NAMES]
+    build_spec = native_build()
+    sources = [os.path.join("workers", "csrc", name) for name in build_spec.SOURCE_NAMES]
     built = {}
     extensions = []
-    for target in targets(ops):
-        stem = ops.installed_stem(target, ops.library_key(target, torch.__version__))
+    for target in targets(build_spec):
+        key = build_spec.library_key(target, torch.__version__)  # sources, flags, torch and Python
+        stem = build_spec.installed_stem(target, key)
         built[stem] = target
         extensions.append(CppExtension(f"raymt.workers._native.{stem}", sources,
-                                       depends=[os.path.join("workers", "csrc", h) for h in ops.HEADER_NAMES],
-                                       extra_compile_args=[*ops.compile_flags(target), "-g0"],
-                                       extra_link_args=list(ops.LINK_FLAGS)))
-    manifest = {"torch": torch.__version__, "python": ops.python_abi()}
-    return extensions, {"build_ext": build_command(BuildExtension, built, manifest, ops.MANIFEST)}
+                                       depends=[os.path.join("workers", "csrc", h) for h in build_spec.HEADER_NAMES],
+                                       extra_compile_args=[*build_spec.compile_flags(target), "-g0"],
+                                       extra_link_args=list(build_spec.LINK_FLAGS)))
+    manifest = {"torch": torch.__version__, "python": build_spec.python_abi()}
+    return extensions, {"build_ext": build_command(BuildExtension, built, manifest, build_spec.MANIFEST)}
 
 
 def build_command(base: type, built: dict[str, str], manifest: dict, manifest_name: str) -> type:
