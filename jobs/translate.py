@@ -60,7 +60,7 @@ from raymt.pipeline.sink import OutputStore
 from raymt.pipeline.storage import model_reader, storage_options
 from raymt.pipeline.stream import STDIO, translate_stream
 from raymt.pipeline.units import Columns, InputError
-from raymt.workers.config import FAST_PRUNING, PruningConfig, SearchConfig
+from raymt.workers.config import FAST_PRUNING, PruningConfig, SamplingConfig, SearchConfig
 from raymt.workers.decode_config import DEFAULTS, BatchingConfig, DecodeConfig, RuntimeConfig, ShortlistSource
 from raymt.workers.device import CPU_DEFAULTS, GPU_DEFAULTS, BatchingDefaults, DeviceUnavailable, on_gpu
 from raymt.workers.generation import UnsupportedGeneration, language_code, read_generation
@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def search_config(args: argparse.Namespace, base: SearchConfig = DEFAULTS.search) -> SearchConfig:
     """The search flags over ``base`` (``model_search``: the model's own generation defaults, or the
-    product's): a flag given wins, one left out (None) keeps ``base``'s value."""
+    product's): a flag given wins, one left out (None) keeps ``base``'s value. Sampling flags
+    (``sampling_config``) make each row's ``--num-samples`` lanes draw instead of searching."""
     pruning = PruningConfig(rp=args.rp, ap=args.ap, rpl=args.rpl, mc=args.mc, delta=args.delta,
                             early_stop=args.early_stop)
     if args.fast and not pruning.active:
@@ -90,14 +91,31 @@ def search_config(args: argparse.Namespace, base: SearchConfig = DEFAULTS.search
     flags = {"beam_size": args.beam_size, "length_penalty": args.length_penalty, "max_decoding_length": args.max_length,
              "max_length_a": args.max_length_a, "max_length_b": args.max_length_b,
              "early_stopping": args.early_stopping}
+    sampling = sampling_config(args)
+    if sampling is not None:
+        if args.beam_size is not None:
+            raise ValueError("--beam-size is beam search's width; with sampling flags give --num-samples")
+        samples = args.num_samples or 1
+        flags |= {"beam_size": samples, "num_hypotheses": samples if args.nbest is None else args.nbest, "sampling": sampling}
+    else:
+        flags["num_hypotheses"] = DEFAULTS.search.num_hypotheses if args.nbest is None else args.nbest
     try:
-        return replace(base, **{k: v for k, v in flags.items() if v is not None}, num_hypotheses=args.nbest,
-                       pruning=pruning)
+        return replace(base, **{k: v for k, v in flags.items() if v is not None}, pruning=pruning)
     except ValueError as e:
-        if args.beam_size is None and base != DEFAULTS.search:  # (the beam size came from the model)
+        if args.beam_size is None and sampling is None and base != DEFAULTS.search:  # (the beam size came from the model)
             raise ValueError(f"{e} (the model's generation_config.json asks for num_beams {base.beam_size}; "
                              "give --beam-size)") from None
         raise
+
+
+def sampling_config(args: argparse.Namespace) -> SamplingConfig | None:
+    """The sampling flags' ``SamplingConfig``, or None where none of them (but the seed) is given."""
+    given = {"temperature": args.sampling_temperature, "topk": args.sampling_topk, "topp": args.sampling_topp}
+    if all(v is None for v in given.values()) and args.num_samples is None:
+        return None
+    if args.num_samples is not None and args.num_samples < 1:
+        raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
+    return SamplingConfig(**{k: v for k, v in given.items() if v is not None}, seed=args.sampling_seed)
 
 
 def model_search(args: argparse.Namespace) -> SearchConfig:

@@ -49,6 +49,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     add_user_flags(p)
     add_input_flags(p.add_argument_group("input and output columns"))
     add_search_flags(p.add_argument_group("search"))
+    add_sampling_flags(p.add_argument_group("sampling instead of beam search (e.g. back-translation data); any of these "
+                                            "but --sampling-seed turns it on"))
     add_precision_flags(p.add_argument_group("precision and CPU speed-ups"))
     add_shortlist_flags(p.add_argument_group("shortlist vocabulary (Shi & Knight 2017); see raymt.jobs.build_shortlist"))
     add_batching_flags(p.add_argument_group("scheduling and batching (every policy gives the same translations)"))
@@ -73,8 +75,9 @@ def add_user_flags(p: argparse.ArgumentParser) -> None:
                    "forced as each translation's first token, e.g. fra_Latn (NLLB) or fr (M2M100)")
     p.add_argument("--beam-size", type=int, help=f"beam width (1: greedy); default: {GENERATION}, else "
                    f"{SEARCH.beam_size}")
-    p.add_argument("--nbest", type=int, default=SEARCH.num_hypotheses, help="hypotheses kept per sentence (<= beam "
-                   "size): a list column in .parquet / .jsonl, 'K ||| hypothesis ||| F0= score ||| score' lines in text")
+    p.add_argument("--nbest", type=int, help="hypotheses kept per sentence (<= beam size; sampling: <= --num-samples): "
+                   "a list column in .parquet / .jsonl, 'K ||| hypothesis ||| F0= score ||| score' lines in text; "
+                   f"default {SEARCH.num_hypotheses}, with sampling --num-samples")
     p.add_argument("--device", type=device_name, metavar="{auto,cpu,cuda,cuda:N}",
                    help="where each decoder decodes (default: cuda with --gpus-per-decoder, else cpu). A GPU that "
                         "is not there is an error, never a silent CPU fallback. On Ray, cuda reserves one GPU "
@@ -126,6 +129,21 @@ def add_search_flags(g) -> None:
     g.add_argument("--early-stopping", action=argparse.BooleanOptionalAction,
                    help="HF's early_stopping: a sentence is done once it holds --beam-size finished hypotheses, "
                         f"not once none of its running beams can beat them; default: {GENERATION}, else off")
+
+
+def add_sampling_flags(g) -> None:
+    """Random sampling (``SamplingConfig``), as CTranslate2's ``sampling_*`` and Marian's
+    ``--output-sampling`` offer; None: not given."""
+    g.add_argument("--sampling-temperature", type=float, metavar="T",
+                   help="sample from softmax(log-probs / T), T > 0 (default 1 once sampling is on)")
+    g.add_argument("--sampling-topk", type=int, metavar="K", help="sample among each step's K most likely tokens "
+                   "(default 0: all; 1: greedy)")
+    g.add_argument("--sampling-topp", type=float, metavar="P", help="then among the fewest most likely tokens holding "
+                   "P of the probability (nucleus sampling; default 1: all)")
+    g.add_argument("--num-samples", type=int, metavar="N", help="samples drawn per row (default 1), all kept as its "
+                   "n-best list unless --nbest keeps fewer, best first; the translation is the best of them")
+    g.add_argument("--sampling-seed", type=int, default=0, help="a row's samples are a function of the seed, its "
+                   "source text and target language: the same however rows are batched, split into units or resumed")
 
 
 def add_precision_flags(g) -> None:

@@ -39,6 +39,7 @@ class SlotState:
     pool_tokens: Tensor
     pruned: Tensor  # () running candidates discarded by pruning, summed (read once per decode)
     done: Tensor  # (slots,) bool: finished on the device, not yet read back (the static step's deferred readback)
+    keys: Tensor  # (slots,) int64: each sentence's sampling key (``raymt.workers.sampling.sentence_key``)
 
     @classmethod
     def empty(cls, slots: int, k: int, t_cap: int, pad: int, device: torch.device) -> "SlotState":
@@ -46,10 +47,12 @@ class SlotState:
         pool[..., SCORE] = NEG_INF
         return cls(torch.full((slots, k), NEG_INF, device=device), torch.full((slots * k,), pad, dtype=LONG, device=device),
                    pool, torch.full((slots, k, t_cap), pad, dtype=LONG, device=device),
-                   torch.zeros((), dtype=LONG, device=device), torch.zeros(slots, dtype=torch.bool, device=device))
+                   torch.zeros((), dtype=LONG, device=device), torch.zeros(slots, dtype=torch.bool, device=device),
+                   torch.zeros(slots, dtype=LONG, device=device))
 
-    def admit(self, slots: Tensor, start: int) -> None:
-        """Fresh sentences in ``slots`` (A,): one live beam at score 0 fed the start token, empty pools."""
+    def admit(self, slots: Tensor, start: int, keys: Tensor | None = None) -> None:
+        """Fresh sentences in ``slots`` (A,): one live beam at score 0 fed the start token, empty pools;
+        ``keys`` (A,) their sampling keys (sampling only)."""
         k = self.running.shape[1]
         self.running[slots] = NEG_INF
         self.running[slots, 0] = 0.0
@@ -57,6 +60,8 @@ class SlotState:
         self.pool[slots, :, LOG_PROB] = NEG_INF
         self.last[slots * k] = start
         self.done[slots] = False
+        if keys is not None:
+            self.keys[slots] = keys
 
     def pool_summary(self, slots: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """What the stop test and pruning read of the planned slots' pools (B',): best raw log-prob

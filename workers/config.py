@@ -95,6 +95,34 @@ FAST_PRUNING = PruningConfig(rp=0.6)
 
 
 @dataclass(frozen=True, slots=True)
+class SamplingConfig:
+    """Random sampling instead of beam search, named as CTranslate2 names it (``sampling_temperature``,
+    ``sampling_topk``, ``sampling_topp``; Marian's ``--output-sampling``): each of a sentence's
+    ``SearchConfig.beam_size`` lanes draws its own translation, token by token, from
+    softmax(log-probs / temperature) restricted to the ``topk`` most likely tokens (0: all) and then
+    to the smallest set of them holding ``topp`` of the mass (1: all). A draw is a function of
+    ``seed``, the sentence's source ids and target language, its lane and its step
+    (``raymt.workers.sampling``): the same whichever sentences share its steps, however a job is cut
+    into units, and on a resume."""
+
+    temperature: float = 1.0  # > 0
+    topk: int = 0  # >= 0; 1: greedy
+    topp: float = 1.0  # in (0, 1]
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0.0:
+            raise ValueError(f"sampling temperature must be > 0, got {self.temperature} (greedy: --beam-size 1)")
+        if self.topk < 0:
+            raise ValueError(f"sampling top-k must be >= 0 (0: the whole vocabulary), got {self.topk}")
+        if not 0.0 < self.topp <= 1.0:
+            raise ValueError(f"sampling top-p must be in (0, 1], got {self.topp}")
+
+    def signature(self) -> str:
+        return f"sample:t{self.temperature}|k{self.topk}|p{self.topp}|seed{self.seed}"
+
+
+@dataclass(frozen=True, slots=True)
 class SearchConfig:
     """Decoding options, named as CTranslate2 names them.
 
@@ -114,8 +142,11 @@ class SearchConfig:
     max_length_b: int = 10
     early_stopping: bool = False  # HF semantics: False = heuristic stop, True = stop at K finished
     pruning: PruningConfig = PruningConfig()  # all off: exact beam search
+    sampling: SamplingConfig | None = None  # set: beam_size lanes each draw a sample (SamplingConfig)
 
     def __post_init__(self) -> None:
+        if self.sampling is not None and self.pruning.active:
+            raise ValueError("beam pruning applies to beam search, not to sampling")
         if self.beam_size < 1:
             raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
         if not 1 <= self.num_hypotheses <= self.beam_size:
@@ -135,4 +166,5 @@ class SearchConfig:
         """The options that decide the output, in one line (early stopping named only when on)."""
         return (f"beam:{self.beam_size}|nbest:{self.num_hypotheses}|lp:{self.length_penalty}"
                 f"|maxlen:{self.max_length_a}*src+{self.max_length_b}<= {self.max_decoding_length}"
-                + ("|early-stopping" if self.early_stopping else "") + f"|prune:{self.pruning.signature()}")
+                + ("|early-stopping" if self.early_stopping else "") + f"|prune:{self.pruning.signature()}"
+                + (f"|{self.sampling.signature()}" if self.sampling else ""))

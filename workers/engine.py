@@ -41,17 +41,18 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
-from raymt.workers.beams import Readback, stop_mask
+from raymt.workers.beams import Readback
 from raymt.workers.cache import EncodedBatch
 from raymt.workers.config import SearchConfig
 from raymt.workers.graphs import HostCopy, to_device
 from raymt.workers.runner import CacheNeed, DecodeRunner, bucket
 from raymt.workers.scheduler import (CapacityUnit, Policy, Request, Scheduler, SchedulerConfig, SchedulerStats,
                                      StepOutput, StepPlan)
+from raymt.workers.sampling import sentence_key
+from raymt.workers.search import Hypothesis
+from raymt.workers.search_step import StepContext, choose_step
 from raymt.workers.static_step import StaticStep
 from raymt.workers.step_index import StepIndex
-from raymt.workers.search import (Candidates, Hypothesis, RowTop, finish_row_top, greedy_select, row_top_log_probs,
-                                  score_step)
 
 
 @dataclass
@@ -180,9 +181,13 @@ class Engine:
         # a graph reads the runner's head buffers, into which this call's head is copied (``DecodeRunner.graph``)
         self._graph, self._head = self.runner.graph(slots, (self.search, self.forced_eos, forcing), head) \
             if self.static else (None, head)
+        self._search_step = choose_step(self.model, self.search, bool(self.static))
+        self._context = StepContext(self.model, self.search, self.state, self.cache, self._head, self._norm, self._beams)
         self._scheduler = Scheduler(schedule, self.stats.scheduler, beam_size=k)
         firsts = forced_first if forcing else [-1] * len(sources)
         requests = {i: Request(i, len(src), max_length=caps[i], forced_first=firsts[i]) for i, src in enumerate(sources)}
+        sampling = self.search.sampling  # each sentence's draws keyed by its seed, source and language
+        self._keys = [sentence_key(sampling.seed, src, firsts[i]) for i, src in enumerate(sources)] if sampling else None
         for r in requests.values():
             self._scheduler.add(r)
         return self._scheduler, requests
@@ -202,7 +207,8 @@ class Engine:
             slots = index if len(members) == len(ids) else to_device(host[members], dev)
             self.cache.admit(slots, batch.select([entries[j][1] for j in members], max(lengths)),
                              prefix_mask(lengths, max(lengths), dev))
-        self.state.admit(index, self.model.config.decoder_start_token_id)
+        keys = None if self._keys is None else to_device(torch.tensor([self._keys[i] for i in ids], device="cpu"), dev)
+        self.state.admit(index, self.model.config.decoder_start_token_id, keys)
 
     def _encode(self, ids: tuple[int, ...], sources: list[list[int]]) -> None:
         """The sentences the scheduler asks to encode now (those admitted now, then the next waiting
@@ -299,82 +305,18 @@ class Engine:
         return StepOutput(finished, widths), hyps
 
     def _device_step(self, ix: StepIndex) -> Tensor:
-        """The step's device work, no read back: the model step, the search step, the pools, the
-        reorder -> the packed readback (``Readback.gather``)."""
-        k, st, cache, ix = self.search.beam_size, self.state, self.cache, ix.as_masks()
-        slots, t = ix.slots, ix.t
-        tokens = st.last[ix.rows]  # (N,)
+        """The step's device work, no read back: the model step, then the search step
+        (``workers/search_step.py``: candidates, pools, reorder) -> the packed readback (``Readback.gather``)."""
+        k, cache, ix = self.search.beam_size, self.cache, ix.as_masks()
+        tokens = self.state.last[ix.rows]  # (N,)
         idle = None if ix.planned is None else ~ix.planned[:, None].expand(-1, k).reshape(-1)  # (R,): static
-        at = cache.step_at(tokens, ix.rows, ix.positions, ix.grid_all, slots, t=t, s=ix.s, shared=ix.shared,
+        at = cache.step_at(tokens, ix.rows, ix.positions, ix.grid_all, ix.slots, t=ix.t, s=ix.s, shared=ix.shared,
                            first=ix.first, idle=idle)
         hidden = self.model.decode_hidden(tokens, at, cache)  # (N, E)
-        if ix.planned is None and self.model.ops.beam_kernel is not None:  # the CPU's one-call beam step
-            lp, columns = self.model.row_top(hidden, self._head, 2 * k)  # (N, 2K): product, log-softmax, top-k
-            top = finish_row_top(lp, columns, self._head.ids, ix.force, self.model.config.eos_token_id, ix.forced)
-            return st.fused_step(self.model.ops.beam_kernel, top, ix.grid, slots, ix.generated, ix.at_max, self._norm,
-                                 cache, t, self.search, self.model.config.eos_token_id)
-        with record_function("output layer"):
-            logits = self.model.project(hidden, self._head)  # (N, V|C)
-        if ix.planned is None:
-            if k == 1 and not self.search.pruning.active:  # greedy: one row per slot
-                return self._greedy_update(logits, ix)
-        running = st.running[slots]  # (B', K)
-        cands, sel = score_step(logits, ix.grid, running, ix.at_max, ix.force, self.model.config, head=self._head,
-                                ops=self.model.ops, forced=ix.forced)
-        planned = None if ix.planned is None else ix.planned & ~st.done[slots]  # static: done ones stay frozen
-        if planned is not None:  # static step: slots not planned finish nothing
-            sel = replace(sel, finished=sel.finished & planned[:, None])
-        norm = self._norm[ix.generated]  # (B',)
-        if self.model.ops.may_any(sel.finished):  # (on the CPU: skipped when no candidate finished)
-            st.add_finished(slots, cands, sel, ix.generated, norm, self._candidate_history(slots, cands, t))
-        best, worst, full = st.pool_summary(slots)
-        running = st.prune(cands, sel, best, self.search.pruning, planned)
-        running, order = running.sort(dim=1, descending=True, stable=True)  # live beams first
-        chosen = sel.running.gather(1, order)  # (B', K) candidate index of each new beam
-        done = stop_mask(running[:, 0], ix.at_max, full, worst, norm, self.search.early_stopping)
-        with record_function("cache reorder"):  # ancestry columns only: K/V never move
-            base = slots[:, None] * k  # (B', 1)
-            dst = base + self._beams  # (B', K)
-            source, new_last = base + cands.beams.gather(1, chosen), cands.tokens.gather(1, chosen)  # (B', K)
-            if planned is not None:  # static step: slots not planned keep their beams
-                keep = ~planned[:, None]
-                done = st.done[slots] | (done & planned)  # what a (deferred) readback reports
-                st.done[slots] = done
-                running = torch.where(keep, st.running[slots], running)
-                source, new_last = torch.where(keep, dst, source), torch.where(keep, st.last[dst], new_last)
-            if k > 1:  # (one beam per sentence: nothing to reorder)
-                cache.reorder(source.view(-1), dst.view(-1), t)
-            st.last[dst.view(-1)] = new_last.view(-1)
-            st.running[slots] = running
-        packed = Readback.gather(st, slots, done, torch.isfinite(running).sum(1), self.search.num_hypotheses, t - 1,
-                                 results=self.model.ops.may_any(done))
-        if planned is not None:
+        packed = self._search_step(self._context, hidden, ix)
+        if ix.planned is not None:
             self._static.advance()  # (after every read of this step's indices)
         return packed
-
-    def _greedy_update(self, logits: Tensor, ix: StepIndex) -> Tensor:
-        """Beam 1's search step (``greedy_select``: the same outcome as the beam step at K = 1, in a
-        third of its small operators) -> the packed readback."""
-        st, slots = self.state, ix.slots
-        sel = greedy_select(self._row_top(logits, ix, 1), st.running[slots, 0], ix.at_max,
-                            self.model.config.eos_token_id)
-        done = self.model.ops.may_any(sel.done)  # (on the CPU: pools written only when a sentence is done)
-        history = self.cache.history(slots, ix.t) if done else None  # (B', t - 1)
-        st.greedy_update(slots, sel, ix.generated, self._norm[ix.generated] if done else None, history)
-        return Readback.gather(st, slots, sel.done, (~sel.done).long(), 1, ix.t - 1, results=done)
-
-    def _row_top(self, logits: Tensor, ix: StepIndex, num: int) -> RowTop:
-        """Each run row's ``num`` best tokens and log-probs (N, num), ``<pad>`` banned, forced EOS applied."""
-        mc = self.model.config
-        return row_top_log_probs(logits, num, mc.pad_token_id, ix.force, mc.eos_token_id, self._head.ids,
-                                 self.model.ops, skip=self._head.skip, forced=ix.forced)
-
-    def _candidate_history(self, slots: Tensor, cands: Candidates, t: int) -> Tensor:
-        """The first K candidates' (the only ones that may finish) source beams' tokens (B', K, t - 1)
-        (columns past a candidate's length are unread)."""
-        k = self.search.beam_size
-        source = (slots[:, None] * k + cands.beams[:, :k]).view(-1) if k > 1 else slots  # (B'K,)
-        return self.cache.history(source, t).view(slots.shape[0], k, t - 1)
 
 
 def batch_schedule(sentences: int) -> SchedulerConfig:

@@ -260,3 +260,30 @@ def test_the_signature_names_the_precision_the_decoders_run():
     assert not {"|int8", "|bf16", "|fp16"} & set(sig().split("|"))
     from raymt.workers.speedups import EXACT
     assert "int8" not in sig("--int8", runtime={"speedups": EXACT})  # the runtime's precision, not the flag's
+
+
+def test_sampling_flags_draw_n_samples_a_row_the_same_however_the_job_is_cut(demo_model_dir, tmp_path, capsys):
+    """``--num-samples 3 --sampling-topk 20``: three samples a row in its n-best list, the translation
+    the best of them; the same samples in one unit of 12 rows and in units of 4 rows decoded 2 at a
+    time (a row's draws are keyed by the seed and its own text), others with another seed."""
+    src = tmp_path / "in.txt"
+    src.write_text(SAMPLE.read_text(encoding="utf-8"), encoding="utf-8")
+    base = ["--in-process", "--model", str(demo_model_dir), "--input", str(src), "--num-samples", "3",
+            "--sampling-topk", "20"]
+
+    def run(name: str, *extra: str) -> list[dict]:
+        main([*base, "--output", str(tmp_path / name), *extra])
+        return pq.read_table(tmp_path / name).to_pylist()
+    whole = run("a.parquet")
+    assert all(len(r["nbest"]) == 3 and r["nbest"][0]["text"] == r["translation"] for r in whole)
+    assert "sample:t1.0|k20|p1.0|seed0" in whole[0]["signature"] and "beam:3" in whole[0]["signature"]
+    def samples(rows: list[dict]) -> list[list[str]]:
+        return [[h["text"] for h in r["nbest"]] for r in rows]
+    cut = run("b.parquet", "--unit-rows", "4", "--max-batch-size", "2")
+    assert samples(cut) == samples(whole)  # (scores: equal up to float sums over other batch shapes)
+    assert all(abs(a["score"] - b["score"]) < 1e-4 for x, y in zip(cut, whole) for a, b in zip(x["nbest"], y["nbest"]))
+    other = run("c.parquet", "--sampling-seed", "7")
+    assert samples(other) != samples(whole)
+    with pytest.raises(SystemExit) as e:
+        main([*base, "--output", str(tmp_path / "d.parquet"), "--beam-size", "4"])
+    assert e.value.code == 2 and "with sampling flags give --num-samples" in capsys.readouterr().err

@@ -12,7 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from raymt.workers.config import PruningConfig, SearchConfig
+from raymt.workers.config import PruningConfig, SamplingConfig, SearchConfig
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.shortlist import LexicalTable, Shortlist
 from raymt.workers.step_ops import ATEN
@@ -112,7 +112,9 @@ class _CrossDevice(TorchDispatchMode):
 
 @pytest.mark.parametrize("beam, static, pruning", [(3, True, None), (1, True, None), (3, False, None),
                                                    (1, False, None), (3, True, PruningConfig(rp=0.6, mc=2)),
-                                                   (3, False, PruningConfig(rp=0.6, mc=2))])
+                                                   (3, False, PruningConfig(rp=0.6, mc=2)),
+                                                   (3, True, SamplingConfig(topp=0.9)), (2, False, SamplingConfig()),
+                                                   (2, True, SamplingConfig(topk=5))])
 def test_the_device_step_never_reads_the_device(demo_model_dir, beam, static, pruning):
     """The step a CUDA graph captures (``Engine._device_step``: model step, search step, pools,
     reorder) runs here on a ``meta`` model, where any read of a tensor's values (``.item()``,
@@ -123,7 +125,9 @@ def test_the_device_step_never_reads_the_device(demo_model_dir, beam, static, pr
     sources = Translator.load(str(demo_model_dir)).encode(TEXTS[:2] + TEXTS[3:])
     model = Translator.load(str(demo_model_dir), device="meta").checkpoint.model
     sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2)
-    engine = Engine(model, SearchConfig(beam_size=beam, pruning=pruning or PruningConfig()), sched,
+    search = SearchConfig(beam_size=beam, sampling=pruning) if isinstance(pruning, SamplingConfig) \
+        else SearchConfig(beam_size=beam, pruning=pruning or PruningConfig())  # (sampling: the step's other proposal)
+    engine = Engine(model, search, sched,
                     static=StaticStep() if static else None)
     step, seen = engine._device_step, {}
 
