@@ -27,7 +27,7 @@ discards the old output; a rerun that leaves ``--unit-rows`` out keeps the outpu
 local or fsspec URLs (``s3://``; endpoint and credentials from the AWS environment variables).
 
 Decoding on a GPU (``--gpus-per-decoder 1`` or ``--device cuda``), the batching flags left out take
-the GPU's defaults (``workers/device.py``): 1024 slots fitted to free memory, the static step read
+the GPU's defaults (``workers/device.py``): 256 slots fitted to free memory, the static step read
 back every 4 steps, refill at 5% empty, larger work units.
 """
 from __future__ import annotations

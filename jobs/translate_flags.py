@@ -170,7 +170,7 @@ def add_shortlist_flags(g) -> None:
 
 def add_batching_flags(g) -> None:
     g.add_argument("--max-batch-size", type=int, help="sentences per decoding batch (the streaming slots); default "
-                   "32 on the CPU, 1024 on a GPU, fitted there to free memory (workers/device.py)")
+                   "32 on the CPU, 256 on a GPU, fitted there to free memory (workers/device.py)")
     g.add_argument("--batching", choices=["auto", "batch", *[x.value for x in Policy]], default="auto",
                    help="batch: length-sorted batches decoded to the end; otherwise that streaming policy. auto: "
                         "topup (1.2x batch on WMT22's long-tailed lengths), or batch with --shortlist or "

@@ -21,9 +21,12 @@ class BatchingDefaults:
       scheduler alone gives that occupancy (``python -m benchmarks.bench_occupancy``, ``docs/results/occupancy.md``:
       1024 slots, 50,000 sentences, top-up): refilling at 5% empty instead of half raises it from
       0.70 to 0.97 on Multi30k's lengths and from 0.67 to 0.87 on WMT22's (0.89 / 0.84 with the
-      readback every 4 steps, when slots free). 1024 slots (the bench's largest capacity; fitted to free
-      memory per call, ``Translator``), read back every 4 steps so the host runs ahead of the device.
-      Not yet measured on a GPU: ``python -m benchmarks.gpu_check`` times these defaults against HF.
+      readback every 4 steps, when slots free), read back every 4 steps so the host runs ahead of the
+      device. 256 slots (fitted to free memory per call, ``Translator``): timed on an H200
+      (``docs/results/gpu-h200-2026-11-27.md``, slot sweep), the static step at 256 slots beat it at
+      1,024 by 1.67x (base-de-en, WMT22), 1.25x (demo model, WMT22), 1.21x (base-de-en, Multi30k) and
+      lost 0.95x (demo model, Multi30k): past ~1,300 rows a step the GPU is full, and more slots
+      only lengthen every step of the tail. Check with ``python -m benchmarks.bench_gpu --capacities``.
     """
 
     max_batch_size: int  # slots, in sentences
@@ -32,7 +35,7 @@ class BatchingDefaults:
 
 
 CPU_DEFAULTS = BatchingDefaults(max_batch_size=32, static_step=0, refill_threshold=0.5)
-GPU_DEFAULTS = BatchingDefaults(max_batch_size=1024, static_step=4, refill_threshold=0.05)
+GPU_DEFAULTS = BatchingDefaults(max_batch_size=256, static_step=4, refill_threshold=0.05)
 
 
 def on_gpu(device: str, gpus_per_decoder: float = 0) -> bool:

@@ -157,7 +157,7 @@ def test_staged_index_copies_survive_a_host_running_ahead_of_the_device():
 
 
 def test_the_gpu_defaults_translate_as_the_dynamic_step_and_fit_memory(cuda, monkeypatch):
-    """``raymt.jobs.translate --device cuda`` with no batching flags: 1024 slots, the static step read back
+    """``raymt.jobs.translate --device cuda`` with no batching flags: 256 slots, the static step read back
     every 4 steps, top-up refilling at 5% empty (``raymt.workers.device.GPU_DEFAULTS``)."""
     from raymt.workers import graphs
     from raymt.workers.device import GPU_DEFAULTS as d
@@ -174,7 +174,7 @@ def test_the_gpu_defaults_translate_as_the_dynamic_step_and_fit_memory(cuda, mon
     static = cuda.decode_ids(sources, cfg, batching=topup, static=StaticStep(readback_every=d.static_step))
     # (other row counts per step: cuBLAS may sum in another order, so a rare near-tie may flip)
     assert same(static, dynamic) >= 0.99 * len(src), same(static, dynamic)
-    monkeypatch.setattr(graphs, "free_memory", lambda device: 2**30)  # a small GPU: 1 GB free
+    monkeypatch.setattr(graphs, "free_memory", lambda device: 2**28)  # a small GPU: 256 MB free
     small = cuda.decode_ids(sources, cfg, batching=topup, static=StaticStep(readback_every=d.static_step))
-    assert max(small.stats.batch_sizes) < 1000  # fewer slots than asked for
+    assert max(small.stats.batch_sizes) < d.max_batch_size, max(small.stats.batch_sizes)  # fewer slots than asked for
     assert same(small, dynamic) >= 0.99 * len(src), same(small, dynamic)

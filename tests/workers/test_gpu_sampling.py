@@ -43,8 +43,8 @@ def test_samples_on_cuda_equal_the_cpus_and_the_graph_replays_them(demo_model_di
     cpu = tokens(Translator.load(str(demo_model_dir)), texts, cfg, batching=TOPUP)
     cuda = Translator.load(str(demo_model_dir), device="cuda")
     dynamic = tokens(cuda, texts, cfg, batching=TOPUP)
-    same = sum(a == b for a, b in zip(cpu, dynamic))
-    assert same >= 0.95 * len(texts), f"{same}/{len(texts)} rows drew the same (float sums differ by device)"
+    same = sum(a == b for a, b in zip(cpu, dynamic))  # a row: 4 samples of ~13 draws each
+    assert same >= 0.9 * len(texts), f"{same}/{len(texts)} rows drew the same (float sums differ by device)"
     graphed = tokens(cuda, texts, cfg, batching=TOPUP, static=StaticStep(readback_every=4))
     same = sum(a == b for a, b in zip(graphed, dynamic))  # (one shape for every slot: other GEMM kernels)
     assert same >= 0.97 * len(texts), f"{same}/{len(texts)} rows drew the same in the graph as in the dynamic step"

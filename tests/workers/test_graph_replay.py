@@ -81,9 +81,9 @@ def test_a_refill_that_reassigns_the_search_state_is_caught(translator, monkeypa
     """The check's negative control: a replay would keep reading the old tensor."""
     admit = SlotState.admit
 
-    def reassigning(self, slots, start):
+    def reassigning(self, slots, start, keys=None):
         self.last = self.last.clone()
-        admit(self, slots, start)
+        admit(self, slots, start, keys)
 
     monkeypatch.setattr(SlotState, "admit", reassigning)
     trace = trace_static_decode(monkeypatch, static_decode(translator, 3, 1))
