@@ -50,8 +50,8 @@ from benchmarks.peers import (
     splits,
     work_dir,
 )
-from raymt.pipeline.reports import SETS, markdown_table, read_lines, write_report
-from raymt.pipeline.shortlists import load_shortlist
+from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.shortlist_files import load_shortlist
 from benchmarks.step_profile import step_breakdown
 from raymt.workers.config import FAST_PRUNING, SearchConfig
 from raymt.workers.engine import DecodeStats
@@ -61,7 +61,7 @@ from raymt.workers.isa import bf16_refusal, theoretical_peak_gflops
 from raymt.workers.isa import detect as detect_isa
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.speedups import EXACT, CpuSpeedups
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 BEST_PRUNING = FAST_PRUNING  # the measured pick (docs/results/search.md: rp 0.6, within 0.3 BLEU of exact)
 INT8 = replace(EXACT, int8=True)
@@ -77,7 +77,7 @@ def measured_isa_peak(threads: int, isa) -> tuple[float, str]:
         return theoretical_peak_gflops(threads, isa)
 
 
-def add_flops(table: list[dict], translator: Translator, lines: list[str], beam: int, peak: float,
+def add_flops(table: list[dict], translator: CoreDecoder, lines: list[str], beam: int, peak: float,
               fan_out: float, isa_peak: float = 0.0) -> None:
     tok = translator.checkpoint.tokenizer
     src_len = sum(len(tok.encode(x)) for x in lines) / len(lines)
@@ -116,11 +116,11 @@ def identical_outputs(systems: list) -> dict[str, int]:
             for a, b in SAME_OUTPUT if a in by_name and b in by_name}
 
 
-def loaded(args: argparse.Namespace, opts: CpuSpeedups) -> Translator:
-    return Translator.load(args.model, threads=args.threads, speedups=opts)
+def loaded(args: argparse.Namespace, opts: CpuSpeedups) -> CoreDecoder:
+    return CoreDecoder.load(args.model, threads=args.threads, speedups=opts)
 
 
-def unfused_head(translator: Translator) -> Translator:
+def unfused_head(translator: CoreDecoder) -> CoreDecoder:
     """``translator`` with its output layer run as the product, then the row top (the (N, V) logits
     written and read again), instead of the fused pass: what the fused output layer gains."""
     head = translator.checkpoint.model.vocab_head  # (the full vocabulary's: this system runs no shortlist)
@@ -129,7 +129,7 @@ def unfused_head(translator: Translator) -> Translator:
     return translator
 
 
-def float_head(translator: Translator) -> Translator:
+def float_head(translator: CoreDecoder) -> CoreDecoder:
     """An int8 ``translator`` with its output layer in float32, fused with the row top
     (``PackedLinear.row_top``), instead of its int8 product followed by the row top."""
     from raymt.workers.native import load
@@ -160,7 +160,7 @@ SPLIT_RATIOS = (("ours-exact", "ct2-float32"), ("ours+int8", "ct2-int8"), ("ours
 CT2_SYSTEMS = {"ct2-float32": ("float32", False), "ct2-int8": ("int8", False), "ct2-int8-vmap": ("int8", True)}
 
 
-def split_systems(args: argparse.Namespace, cfg: SearchConfig, translator: Translator, tmp: str) -> list[PeerRun]:
+def split_systems(args: argparse.Namespace, cfg: SearchConfig, translator: CoreDecoder, tmp: str) -> list[PeerRun]:
     """Every system named in ``--systems`` that has a split grid, at every split (and CT2 batch size);
     ours-best with ``--shortlist`` and its pruning, ct2-int8-vmap with the same table as a vocabulary map."""
     names = args.systems.split(",")
@@ -186,9 +186,9 @@ def vmap_of(args: argparse.Namespace, tmp: str) -> str:
         raise SystemExit("ct2-int8-vmap needs --shortlist (the table ours-best uses)")
     if args.shortlist.endswith(".vmap"):
         return args.shortlist
-    from raymt.pipeline.shortlists import load_table, save_table
+    from raymt.pipeline.shortlist_files import load_table, save_table
 
-    tok = Translator.load(args.model).checkpoint.tokenizer
+    tok = CoreDecoder.load(args.model).checkpoint.tokenizer
     path = os.path.join(tmp, f"shortlist-m{args.shortlist_m}.vmap")
     if not os.path.exists(path):
         save_table(path, load_table(args.shortlist, tok), tok, top_m=args.shortlist_m, top_n=100)

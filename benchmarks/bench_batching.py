@@ -25,12 +25,12 @@ from dataclasses import dataclass, field, replace
 
 import sacrebleu
 
-from raymt.pipeline.reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
 from raymt.workers.config import PruningConfig, SearchConfig
 from raymt.workers.engine import DecodeStats
 from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from raymt.workers.shortlist import Shortlist
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 
 @dataclass
@@ -47,7 +47,7 @@ class Run:
     batch_sizes: list[int] = field(default_factory=list)
 
 
-def run_all(translator: Translator, sources: list[str], runs: list[Run], repeats: int) -> None:
+def run_all(translator: CoreDecoder, sources: list[str], runs: list[Run], repeats: int) -> None:
     ids = translator.encode(sources)
     tok = translator.checkpoint.tokenizer
     for _ in range(repeats):
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="docs/results/batching")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    translator = Translator.load(args.model, threads=args.threads, max_batch_size=args.batch_sentences)
+    translator = CoreDecoder.load(args.model, threads=args.threads, max_batch_size=args.batch_sentences)
     sources = read_lines(os.path.join(args.data, SETS["wmt22"][0]), args.lines)
     refs = read_lines(os.path.join(args.data, SETS["wmt22"][1]), args.lines)
     report = {"model": args.model, "threads": args.threads, "lines": len(sources), "tables": {}, "targets": {}}

@@ -45,13 +45,13 @@ import torch
 
 from benchmarks.bench_batching import Run, run_all, systems, table, targets, topup_systems, topup_table
 from benchmarks.kernels import attention_rows, output_step_rows, source_attention_rows
-from raymt.pipeline.reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
 from raymt.workers.config import ModelConfig, PruningConfig, SearchConfig
 from raymt.workers.device import GPU_DEFAULTS, resolve_device
 from raymt.workers.engine import StaticStep
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.speedups import EXACT, CpuSpeedups
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def hf_runner(model_dir: str, device: torch.device, dtype: torch.dtype):
     return translate
 
 
-def ours_runner(translator: Translator, static: StaticStep | None = None, refill_threshold: float = 0.5):
+def ours_runner(translator: CoreDecoder, static: StaticStep | None = None, refill_threshold: float = 0.5):
     """Our engine, top-up batching at a capacity: (lines, beam, capacity) -> (texts, target tokens).
     ``static``: the one-shape step, captured as a CUDA graph on a GPU (``raymt.workers.engine.StaticStep``)."""
     tok = translator.checkpoint.tokenizer
@@ -151,10 +151,10 @@ def rows_of(measured: list[Measured], refs: list[str] | None) -> list[dict]:
 
 
 def synthetic_translator(model_dir: str, device: torch.device, speedups: CpuSpeedups, directory: str,
-                         vocab: int = 32000) -> Translator:
+                         vocab: int = 32000) -> CoreDecoder:
     """A seeded, randomly initialised transformer-base-shaped model (d 512, 6+6 layers, ``vocab``
     target ids) written to ``directory`` with ``model_dir``'s tokenizer files and loaded as any
-    checkpoint is (``Translator.load``): on a GPU it runs the engine's GPU operators (the Triton
+    checkpoint is (``CoreDecoder.load``): on a GPU it runs the engine's GPU operators (the Triton
     kernels), as the product does."""
     from raymt.workers.checkpoint import config_from_hf, save_checkpoint
     from raymt.workers.model import MarianModel
@@ -170,10 +170,10 @@ def synthetic_translator(model_dir: str, device: torch.device, speedups: CpuSpee
         with open(os.path.join(model_dir, name), "rb") as f:
             files[name] = f.read()
     save_checkpoint(directory, model, files, dtype=torch.float16)
-    return Translator.load(directory, device=device, speedups=speedups)
+    return CoreDecoder.load(directory, device=device, speedups=speedups)
 
 
-def synthetic_runner(demo: Translator, base: Translator, static: StaticStep | None = None):
+def synthetic_runner(demo: CoreDecoder, base: CoreDecoder, static: StaticStep | None = None):
     """The synthetic base model fed the demo tokenizer's ids (mod its vocabulary); outputs are capped
     at 1.5 x source + 10 tokens (a random model rarely ends by itself) and only counted, never
     detokenised. ``static``: the one-shape step (a CUDA graph on a GPU)."""
@@ -188,21 +188,21 @@ def synthetic_runner(demo: Translator, base: Translator, static: StaticStep | No
     return translate
 
 
-def search_runs(translator: Translator, beam: int, n: int, shortlist_path: str | None) -> list[Run]:
+def search_runs(translator: CoreDecoder, beam: int, n: int, shortlist_path: str | None) -> list[Run]:
     """Shortlist on/off x pruning on/off, top-up batching, beam ``beam``: the papers' GPU search table."""
     exact = SearchConfig(beam_size=beam, max_length_a=1.5, max_length_b=10, max_decoding_length=256)
     pruned = replace(exact, pruning=PruningConfig(delta=1.5, mc=min(5, beam)))
     topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=n, capacity=n)
     runs = [Run("exact", exact, topup), Run("pruning", pruned, topup)]
     if shortlist_path:
-        from raymt.pipeline.shortlists import load_shortlist  # (fsspec: installed beside transformers)
+        from raymt.pipeline.shortlist_files import load_shortlist  # (fsspec: installed beside transformers)
         short = load_shortlist(shortlist_path, translator.checkpoint.tokenizer, top_m=10, top_n=100,
                                special_ids=translator.special_target_ids())
         runs += [Run("shortlist", exact, topup, shortlist=short), Run("shortlist + pruning", pruned, topup, shortlist=short)]
     return runs
 
 
-def output_tables(args: argparse.Namespace, device: torch.device, translator: Translator, report: dict,
+def output_tables(args: argparse.Namespace, device: torch.device, translator: CoreDecoder, report: dict,
                   md: list[str]) -> None:
     """The output step alone at each ``--output-vocabs`` (OPUS-MT's sizes: where the fused top-k
     matters), then one layer's self- and cross-attention step alone; each table written as it ends."""
@@ -227,7 +227,7 @@ def output_tables(args: argparse.Namespace, device: torch.device, translator: Tr
     write_report(args.out, report, md, echo=False)
 
 
-def synthetic_table(args: argparse.Namespace, device: torch.device, translator: Translator, speedups: CpuSpeedups,
+def synthetic_table(args: argparse.Namespace, device: torch.device, translator: CoreDecoder, speedups: CpuSpeedups,
                     report: dict, md: list[str]) -> None:
     """The synthetic base-size model on WMT22, beam 5, through the engine's real operators for
     ``device``: the dynamic step and the static step (a CUDA graph on a GPU) at each capacity."""
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
     dtype = half.dtype
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     speedups = half if device.type == "cuda" else replace(EXACT, bf16=args.bf16, fp16=args.fp16)
-    translator = Translator.load(args.model, device=device, speedups=speedups)
+    translator = CoreDecoder.load(args.model, device=device, speedups=speedups)
     refill = args.refill_threshold
     ours, hf = ours_runner(translator, refill_threshold=refill), hf_runner(args.model, device, dtype)
     graphed = ours_runner(translator, static=StaticStep(readback_every=args.readback_every), refill_threshold=refill)

@@ -37,13 +37,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.peers import Ct2Translator, PeerRun, in_length_order, ours, rows, run, work_dir
+from benchmarks.peers import Ct2Translator, PeerRun, in_length_order, rows, run, work_dir
 from raymt.workers.config import SearchConfig
 from raymt.pipeline.alignment import frequency_table
-from raymt.pipeline.shortlists import load_shortlist, save_language_tables
+from raymt.pipeline.shortlist_files import load_shortlist, save_language_tables
 from raymt.workers.shortlist import LanguageShortlists, Shortlist
 from raymt.workers.speedups import EXACT
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 logger = logging.getLogger(__name__)
 DATA = Path(os.environ.get("RAYMT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -87,7 +87,7 @@ class Ct2Nllb(Ct2Translator):
     """CTranslate2 as a system on an NLLB model: ``[src_lang] pieces </s>`` in, the target language as
     every example's target prefix (CTranslate2's way of forcing it), the pieces decoded by our tokenizer."""
 
-    def __init__(self, path: str, compute_type: str, threads: int, cfg: SearchConfig, translator: Translator) -> None:
+    def __init__(self, path: str, compute_type: str, threads: int, cfg: SearchConfig, translator: CoreDecoder) -> None:
         super().__init__(path, compute_type, threads, cfg, translator, max_batch_size=32)
 
     def __call__(self, lines: list[str]) -> list[str]:
@@ -99,7 +99,7 @@ class Ct2Nllb(Ct2Translator):
         return [" ".join(p for p in hyp[1:] if p != "</s>") for hyp in results]  # (hyp[0]: the target prefix)
 
 
-def ct2_system(model_dir: Path, compute_type: str, threads: int, cfg: SearchConfig, translator: Translator,
+def ct2_system(model_dir: Path, compute_type: str, threads: int, cfg: SearchConfig, translator: CoreDecoder,
                work: Path) -> Ct2Nllb:
     out = work / f"ct2-{compute_type}"
     if not (out / "model.bin").exists():
@@ -109,7 +109,7 @@ def ct2_system(model_dir: Path, compute_type: str, threads: int, cfg: SearchConf
     return Ct2Nllb(str(out), compute_type, threads, cfg, translator)
 
 
-def hf_system(model_dir: Path, cfg: SearchConfig, translator: Translator, batch_size: int = 32):
+def hf_system(model_dir: Path, cfg: SearchConfig, translator: CoreDecoder, batch_size: int = 32):
     """HF ``generate`` (``forced_bos_token_id``: the target language), inputs sorted by length."""
     import transformers
 
@@ -136,7 +136,7 @@ def generated(ids: list[int], eos: int = 2, pad: int = 1) -> str:
     return " ".join(str(i) for i in ids[1:] if i not in (eos, pad))
 
 
-def frequency_shortlist(translator: Translator, top_n: int, work: Path) -> LanguageShortlists:
+def frequency_shortlist(translator: CoreDecoder, top_n: int, work: Path) -> LanguageShortlists:
     """The per-target-language shortlist path: the target language's pieces by frequency (Multi30k
     French) saved as ``<work>/shortlists/<TARGET>.s2t``, read back as the job's ``--shortlist`` reads a
     directory; its ``top_n`` most frequent pieces (+ the language code, the specials) are every batch's candidates."""
@@ -148,10 +148,10 @@ def frequency_shortlist(translator: Translator, top_n: int, work: Path) -> Langu
 
 
 def systems(args: argparse.Namespace, model_dir: Path, work: Path, cfg: SearchConfig) -> list[PeerRun]:
-    fp32 = Translator.load(str(model_dir), threads=args.threads, speedups=EXACT)
-    int8 = Translator.load(str(model_dir), threads=args.threads, speedups=replace(EXACT, int8=True))
+    fp32 = CoreDecoder.load(str(model_dir), threads=args.threads, speedups=EXACT)
+    int8 = CoreDecoder.load(str(model_dir), threads=args.threads, speedups=replace(EXACT, int8=True))
 
-    def ours_langs(translator: Translator, shortlist: Shortlist | LanguageShortlists | None = None):
+    def ours_langs(translator: CoreDecoder, shortlist: Shortlist | LanguageShortlists | None = None):
         return lambda lines: [generated(list(t.tokens)) for t in translator.translate(
             lines, cfg, shortlist, source_lang=SOURCE, target_lang=TARGET)]
     out = [PeerRun("ours float32", ours_langs(fp32)),
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"  {row['system']:<40} {row['tokens_per_s']:>9.1f} tok/s ({row['spread']})  x{row['vs_ours_float32']}"
               f"  {row['target_tokens']} tokens")
     if args.out:
-        from raymt.pipeline.reports import markdown_table, write_report
+        from raymt.pipeline.bench_reports import markdown_table, write_report
         by = {r["system"].split(" (")[0]: r["tokens_per_s"] for r in table}
         pairs = [("ours float32", "CTranslate2 float32"), ("ours int8", "CTranslate2 int8"),
                  ("ours float32 + shortlist", "ours float32"), ("ours float32", "HF generate float32")]

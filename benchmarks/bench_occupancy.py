@@ -25,7 +25,7 @@ import random
 import sys
 from dataclasses import dataclass
 
-from raymt.pipeline.reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
 from raymt.workers.config import SearchConfig
 from raymt.workers.scheduler import Policy, Request, Scheduler, SchedulerConfig, StepOutput
 
@@ -50,7 +50,7 @@ class Occupancy:
 def simulate(sentences: list[Sentence], *, unit_rows: int, capacity: int, policy: Policy = Policy.TOPUP,
              refill_threshold: float = 0.5, readback_every: int = 1, late: bool = False) -> Occupancy:
     """The scheduler over ``sentences`` in units of ``unit_rows`` (0: one unit), each unit sorted by
-    source length and run to its end, as ``Translator.decode_ids`` does per unit. A sentence is done
+    source length and run to its end, as ``CoreDecoder.decode_ids`` does per unit. A sentence is done
     on the device after its ``steps``; the host hears of it at the next readback (every
     ``readback_every`` steps, and whenever every slot is done), when its slot frees; ``late``, one
     step after that (``StaticStep.late``: the readback is read once the next step is queued)."""
@@ -92,8 +92,8 @@ def simulate(sentences: list[Sentence], *, unit_rows: int, capacity: int, policy
 
 def decode_lengths(model: str, lines: list[str], beam: int) -> list[Sentence]:
     """Each line's source token count and its translation's token count (the model on the CPU)."""
-    from raymt.workers.translator import Translator  # (torch: only here)
-    translator = Translator.load(model)
+    from raymt.workers.core_decoder import CoreDecoder  # (torch: only here)
+    translator = CoreDecoder.load(model)
     sources = translator.encode(lines)
     hyps = translator.decode_ids(sources, SearchConfig(beam_size=beam)).hypotheses
     return [Sentence(len(s), max(len(h[0].tokens), 1)) for s, h in zip(sources, hyps)]

@@ -23,16 +23,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raymt.pipeline.actors import DecoderSettings
-from raymt.pipeline.reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
 from raymt.pipeline.run import PipelineConfig, actor_table, init_ray, run_pipeline
 from raymt.pipeline.sink import OutputStore
 from raymt.pipeline.units import Columns
 from raymt.workers.config import SearchConfig
 from raymt.workers.decode_config import BatchingConfig, DecodeConfig, RuntimeConfig
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 
-def in_process(translator: Translator, texts: list[str], cfg: SearchConfig) -> tuple[float, int]:
+def in_process(translator: CoreDecoder, texts: list[str], cfg: SearchConfig) -> tuple[float, int]:
     """Seconds and target tokens of the bare engine over ``texts`` (tokenising not timed)."""
     ids = translator.encode(texts)
     start = time.perf_counter()
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     model = os.path.abspath(args.model)
     work = tempfile.mkdtemp(prefix="bench-pipeline-")
     init_ray(num_cpus=args.threads)
-    translator = Translator.load(model, threads=args.threads, max_batch_size=args.max_batch_size)
+    translator = CoreDecoder.load(model, threads=args.threads, max_batch_size=args.max_batch_size)
     names = {1: "Ray pipeline: encoder actor + decoder actor", 0: "Ray pipeline: decoder actor tokenises (--encoders 0)"}
     variants = [int(e) for e in args.encoders.split(",")]
     totals = {name: [0.0, 0] for name in ["in-process engine", *(names.get(e, f"{e} encoders") for e in variants)]}
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
           f"## Per-actor stats ({runs[1]['system']})\n", markdown_table(actors), ""]
     write_report(args.out, report, md)
     if args.stats_report:
-        from raymt.pipeline.stats_report import render
+        from raymt.pipeline.stats_plots import render
         print("stats report:", render(stats, args.out + "-stats", f"Pipeline benchmark: {runs[1]['system']}"))
 
 

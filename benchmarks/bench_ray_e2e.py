@@ -28,7 +28,6 @@ cores is 2x1).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -38,7 +37,7 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raymt.pipeline.reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
 
 SYSTEMS = ("job-float32", "job-int8", "op-float32", "op-int8", "ct2-float32", "ct2-int8", "hf-float32")
 

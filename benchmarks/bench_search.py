@@ -24,10 +24,10 @@ from benchmarks.search_variants import (
     run_interleaved,
     shortlist_rows,
 )
-from raymt.pipeline.reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
 from raymt.workers.config import PruningConfig, SearchConfig
 from raymt.workers.shortlist import Shortlist
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 
 def heuristics(args: argparse.Namespace) -> dict[str, PruningConfig]:
@@ -37,7 +37,7 @@ def heuristics(args: argparse.Namespace) -> dict[str, PruningConfig]:
             "rp+ap+rpl+mc": PruningConfig(rp=args.rp, ap=args.ap, rpl=args.rpl, mc=args.mc)}
 
 
-def shortlist_systems(translator: Translator, args: argparse.Namespace, base: SearchConfig) -> list[SystemRun]:
+def shortlist_systems(translator: CoreDecoder, args: argparse.Namespace, base: SearchConfig) -> list[SystemRun]:
     tok = translator.checkpoint.tokenizer
     special = translator.special_target_ids()
     train_src = read_lines(os.path.join(args.data, "multi30k/train.de"), args.train_lines)
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="docs/results/search")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    translator = Translator.load(args.model, threads=args.threads)
+    translator = CoreDecoder.load(args.model, threads=args.threads)
     base = SearchConfig(beam_size=5, max_length_a=1.5, max_length_b=10)
     report = {"model": args.model, "threads": args.threads, "repeats": args.repeats, "cpu": platform.processor(),
               "torch": torch.__version__, "search": base.signature(), "tables": {}}

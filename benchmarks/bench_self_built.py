@@ -22,14 +22,14 @@ import torch
 
 from raymt.pipeline.alignment import lexical_table
 from benchmarks.search_variants import sentence_coverage
-from raymt.pipeline.reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
 from raymt.workers.config import SearchConfig
 from raymt.workers.shortlist import Shortlist
 from raymt.workers.engine import DecodeStats
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 
-def evaluate(translator: Translator, sources: list[str], refs: list[str], cfg: SearchConfig,
+def evaluate(translator: CoreDecoder, sources: list[str], refs: list[str], cfg: SearchConfig,
              shortlist: Shortlist | None) -> dict:
     stats = DecodeStats()
     hyps = [t.text for t in translator.translate(sources, cfg, shortlist, stats=stats)]
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     sizes = sorted(int(x) for x in args.sizes.split(","))
-    translator = Translator.load(args.model, threads=args.threads)
+    translator = CoreDecoder.load(args.model, threads=args.threads)
     tok, special = translator.checkpoint.tokenizer, translator.special_target_ids()
     cfg = SearchConfig(beam_size=5)
     mono = read_lines(os.path.join(args.data, "multi30k/train.de"))

@@ -18,13 +18,13 @@ import time
 
 import sacrebleu
 
-from raymt.pipeline.reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
 from raymt.workers.config import SearchConfig
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 from raymt.workers.tuning import TunerConfig
 
 
-def timed(translator: Translator, ids: list[list[int]], cfg: SearchConfig) -> tuple[float, int, list]:
+def timed(translator: CoreDecoder, ids: list[list[int]], cfg: SearchConfig) -> tuple[float, int, list]:
     start = time.perf_counter()
     decoded = translator.decode_ids(ids, cfg)
     return time.perf_counter() - start, decoded.stats.target_tokens, decoded.hypotheses
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
     src_path, ref_path = (os.path.join(args.data, x) for x in SETS[args.set])
     sources, refs = read_lines(src_path, args.lines), read_lines(ref_path, args.lines)
     cfg = SearchConfig(beam_size=args.beam_size, max_length_a=1.5, max_length_b=10)
-    translator = Translator.load(args.model, threads=args.threads)
+    translator = CoreDecoder.load(args.model, threads=args.threads)
     tok = translator.checkpoint.tokenizer
     ids = translator.encode(sources)
     sizes = [int(s) for s in args.sizes.split(",")]

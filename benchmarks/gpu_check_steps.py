@@ -3,7 +3,7 @@
 Each takes a ``Sizes`` and returns rows: ``Row(check, figure, result)``. A figure that only a GPU
 can give is computed on the CPU too (the dry run runs the same code at small sizes), and the
 summary replaces it there by "not measured: no GPU". Only public entry points are used
-(``Translator.load(..., device=)``, ``decode_ids``, ``StaticStep``), plus torch's own CUDA graph
+(``CoreDecoder.load(..., device=)``, ``decode_ids``, ``StaticStep``), plus torch's own CUDA graph
 class, whose replays are counted.
 """
 from __future__ import annotations
@@ -20,14 +20,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from benchmarks.bench_gpu import hf_runner, measure, ours_runner, rows_of
-from raymt.pipeline.reports import SETS, read_lines
+from raymt.pipeline.bench_reports import SETS, read_lines
 from raymt.workers.config import SearchConfig
 from raymt.workers.device import GPU_DEFAULTS
 from raymt.workers.isa import bf16_refusal, detect
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.speedups import EXACT, CpuSpeedups
 from raymt.workers.static_step import StaticStep
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 DEMO = "models/demo-de-en"
 BLEU_TOLERANCE = 0.5  # |bf16 - fp32| BLEU points
@@ -145,9 +145,9 @@ def replay(sizes: Sizes) -> list[Row]:
     data = multi30k(sizes, sizes.replay_lines)
     if data is None:
         return no_data(check, sizes)
-    translator = Translator.load(DEMO, device=sizes.device)
+    translator = CoreDecoder.load(DEMO, device=sizes.device)
     with eager_static_step() as swapped:  # (a translator keeps its captured steps: the eager one is its own)
-        eager_translator = Translator.load(DEMO, device=sizes.device)
+        eager_translator = CoreDecoder.load(DEMO, device=sizes.device)
     sources, cfg = translator.encode(data[0]), SearchConfig(beam_size=sizes.beam)
     batching = topup(min(32, sizes.slots))
     dynamic = tokens(translator.decode_ids(sources, cfg, batching=batching))
@@ -181,7 +181,7 @@ def bleu_bf16(sizes: Sizes) -> list[Row]:
         return [Row(check, "-", f"skipped: {why.split(':')[0]}")]
     cfg, scores = SearchConfig(beam_size=sizes.beam), []
     for speedups in (EXACT, CpuSpeedups(bf16=True)):
-        translator = Translator.load(DEMO, device=sizes.device, speedups=speedups)
+        translator = CoreDecoder.load(DEMO, device=sizes.device, speedups=speedups)
         texts = [t.text for t in translator.translate(data[0], cfg)]
         scores.append(sacrebleu.corpus_bleu(texts, [data[1]]).score)
     delta = scores[1] - scores[0]
@@ -214,7 +214,7 @@ def device_index(sizes: Sizes) -> list[Row]:
     device = torch.device(name)
     others = [i for i in range(torch.cuda.device_count()) if torch.device("cuda", i) != device]
     before = {i: torch.cuda.memory_allocated(i) for i in others}
-    translator = Translator.load(DEMO, device=device)
+    translator = CoreDecoder.load(DEMO, device=device)
     params = {str(p.device) for p in translator.checkpoint.model.parameters()}
     sources, cfg, batching = translator.encode(data[0]), SearchConfig(beam_size=sizes.beam), topup(min(32, sizes.slots))
     with TensorDevices() as seen:
@@ -237,7 +237,7 @@ def bench_model(sizes: Sizes, label: str, model: str) -> list[Row]:
     if data is None:
         return no_data(f"tokens/s, {label}", sizes)
     device = torch.device(sizes.device)
-    translator = Translator.load(model, device=device)
+    translator = CoreDecoder.load(model, device=device)
     hf, beam = hf_runner(model, device, torch.float32), sizes.beam
     dynamic = ours_runner(translator, refill_threshold=GPU_DEFAULTS.refill_threshold)
     static = ours_runner(translator, static=StaticStep(readback_every=GPU_DEFAULTS.static_step),

@@ -35,7 +35,7 @@ from raymt.workers.engine import DecodeStats
 from raymt.workers.scheduler import SchedulerConfig
 from raymt.workers.shortlist import Shortlist
 from raymt.workers.speedups import CpuSpeedups
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 logger = logging.getLogger(__name__)
 Translate = Callable[[list[str]], list[str]]
@@ -59,7 +59,7 @@ class PeerRun:
         getattr(self.translate, "unload", lambda: None)()
 
 
-def ours(translator: Translator, cfg: SearchConfig, shortlist: Shortlist | None = None,
+def ours(translator: CoreDecoder, cfg: SearchConfig, shortlist: Shortlist | None = None,
          stats: DecodeStats | None = None, batching: SchedulerConfig | None = None) -> Translate:
     """Our translator as a system; ``stats``: the engine's counters, summed over every call;
     ``batching``: a streaming policy over the length-sorted input instead of batch decoding."""
@@ -74,7 +74,7 @@ class Ct2Translator:
     a warm-up batch) and ``unload`` (module docstring). The pickled pieces' round trip is inside its
     timing: ~1 ms for 1000 lines."""
 
-    def __init__(self, path: str, compute_type: str, threads: int, cfg: SearchConfig, translator: Translator,
+    def __init__(self, path: str, compute_type: str, threads: int, cfg: SearchConfig, translator: CoreDecoder,
                  max_batch_size: int, inter_threads: int = 1, use_vmap: bool = False) -> None:
         self.path, self.compute_type, self.threads, self.cfg = path, compute_type, threads, cfg
         self.tok, self.max_batch_size, self.inter_threads = translator.checkpoint.tokenizer, max_batch_size, inter_threads
@@ -104,7 +104,7 @@ class Ct2Translator:
 
 
 def ctranslate2_system(model_dir: str, compute_type: str, threads: int, cfg: SearchConfig,
-                       translator: Translator, work_dir: str, max_batch_size: int = 32,
+                       translator: CoreDecoder, work_dir: str, max_batch_size: int = 32,
                        inter_threads: int = 1, vmap: str | None = None) -> Ct2Translator:
     """Convert with ct2-transformers-converter (once per work dir), then a ``Ct2Translator``; ``vmap``: a
     vocabulary map (``.vmap``, the format ``raymt build-shortlist`` writes) converted into the model and
@@ -135,7 +135,7 @@ def splits(cores: int) -> list[Split]:
     return [Split(w, cores // w) for w in range(1, cores + 1) if cores % w == 0]
 
 
-_decoder: Translator | None = None  # a decoder process's own translator (``OursDecoders``)
+_decoder: CoreDecoder | None = None  # a decoder process's own translator (``OursDecoders``)
 
 
 _shortlist: Shortlist | None = None  # its shortlist (``OursDecoders``' shortlist)
@@ -143,9 +143,9 @@ _shortlist: Shortlist | None = None  # its shortlist (``OursDecoders``' shortlis
 
 def _load_decoder(model_dir: str, threads: int, speedups: CpuSpeedups, shortlist: tuple | None) -> None:
     global _decoder, _shortlist
-    _decoder = Translator.load(model_dir, threads=threads, speedups=speedups)
+    _decoder = CoreDecoder.load(model_dir, threads=threads, speedups=speedups)
     if shortlist is not None:
-        from raymt.pipeline.shortlists import load_shortlist
+        from raymt.pipeline.shortlist_files import load_shortlist
 
         url, top_m, top_n = shortlist
         _shortlist = load_shortlist(url, _decoder.checkpoint.tokenizer, top_m=top_m, top_n=top_n,
@@ -158,7 +158,7 @@ def _decode(lines: list[str], cfg: SearchConfig) -> list[str]:
 
 class OursDecoders:
     """Ours as a Ray user spends the cores: ``split.workers`` decoder processes (as actors are), each a
-    ``Translator`` on ``split.threads`` threads; sentence i goes to decoder i mod workers (each sorts its
+    ``CoreDecoder`` on ``split.threads`` threads; sentence i goes to decoder i mod workers (each sorts its
     share by length into batches). Like ``Ct2Translator``, the processes live only between ``load``
     (which also translates a warm-up batch on each) and ``unload``."""
 

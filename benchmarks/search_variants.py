@@ -22,7 +22,7 @@ from raymt.workers.config import PruningConfig, SearchConfig
 from raymt.workers.engine import DecodeStats
 from raymt.workers.search import NEG_INF, RowTop, force_eos_rows
 from raymt.workers.shortlist import Shortlist, coverage
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 
 @dataclass
@@ -41,7 +41,7 @@ class SystemRun:
         return statistics.median(self.seconds)
 
 
-def run_interleaved(translator: Translator, sources: list[str], systems: list[SystemRun], repeats: int) -> None:
+def run_interleaved(translator: CoreDecoder, sources: list[str], systems: list[SystemRun], repeats: int) -> None:
     """Translate ``sources`` with every system, interleaved, ``repeats`` times (the last run's output is kept)."""
     ids = translator.encode(sources)
     tok = translator.checkpoint.tokenizer
@@ -108,7 +108,7 @@ def shortlist_rows(systems: list[SystemRun], references: list[str], source_ids: 
     return rows
 
 
-def output_layer_rows(translator: Translator, *, rows: tuple[int, ...] = (5, 40, 160), num: int = 10,
+def output_layer_rows(translator: CoreDecoder, *, rows: tuple[int, ...] = (5, 40, 160), num: int = 10,
                       repeats: int = 50) -> list[dict]:
     """Fused output step (logsumexp + top-k over raw logits) against log_softmax -> top-k (the default).
 

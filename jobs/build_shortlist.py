@@ -29,11 +29,11 @@ from raymt.pipeline.alignment import SPACES, frequency_table, lexical_table
 from raymt.pipeline.corpus import read_corpus
 from raymt.pipeline.extras import MissingExtra, require, require_for_url
 from raymt.pipeline.hub import HubError
-from raymt.pipeline.shortlists import save_language_tables, save_table
+from raymt.pipeline.shortlist_files import save_language_tables, save_table
 from raymt.pipeline.storage import model_reader
 from raymt.workers.config import SearchConfig
 from raymt.workers.lang_tokenizer import LanguageError, LanguageTokenizer
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 
 SELF_BUILT_SAMPLE = 10_000  # lines translated for a self-built table unless --sample says otherwise
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {e}") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        translator = Translator.load(model_reader(args.model))  # (a hub id: fetched into the hub cache first)
+        translator = CoreDecoder.load(model_reader(args.model))  # (a hub id: fetched into the hub cache first)
     except HubError as e:
         raise SystemExit(f"error: {e}") from None
     tok = translator.checkpoint.tokenizer
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
           f"in {time.perf_counter() - start:.1f}s")
 
 
-def language_tables(args: argparse.Namespace, translator: Translator) -> list[str]:
+def language_tables(args: argparse.Namespace, translator: CoreDecoder) -> list[str]:
     """One table per ``--target-lang``: the model's own translations of ``--source`` into that
     language, aligned with the source (or counted, ``--frequency-only``); returns the files written."""
     tok = translator.checkpoint.tokenizer

@@ -11,7 +11,7 @@ import argparse
 
 from raymt.pipeline.extras import MissingExtra, require
 from raymt.pipeline.sink import OutputStore
-from raymt.pipeline.stats_report import render, summary
+from raymt.pipeline.stats_plots import render, summary
 
 
 def report(output: str, out: str | None = None, title: str | None = None) -> tuple[str, str]:

@@ -52,10 +52,10 @@ from raymt.pipeline.hub import HubError, hub_id
 from raymt.pipeline.driver import DecodersUnavailable, ResourcesUnavailable
 from raymt.pipeline.ledger import OutputBusy, PlanMismatch
 from raymt.pipeline.model_check import ModelError
-from raymt.pipeline.reports import markdown_table
+from raymt.pipeline.bench_reports import markdown_table
 from raymt.pipeline.run import PipelineConfig, PipelineResult, UnitsFailed, actor_table, run_pipeline
 from raymt.pipeline.settings import DecoderSettings, PartColumns
-from raymt.pipeline.shortlists import load_shortlist, shortlist_for
+from raymt.pipeline.shortlist_files import load_shortlist, shortlist_for
 from raymt.pipeline.sink import OutputStore
 from raymt.pipeline.storage import model_reader, storage_options
 from raymt.pipeline.stream import STDIO, translate_stream
@@ -70,7 +70,7 @@ from raymt.workers.native import kernels_summary
 from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from raymt.workers.speedups import EXACT, CpuSpeedups, precision_refusal
 from raymt.workers.static_step import StaticStep
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def decode_config(args: argparse.Namespace, search: SearchConfig = DEFAULTS.sear
                         shortlist=shortlist, max_row_chars=args.max_row_chars)
 
 
-def load_shortlist_for(args: argparse.Namespace, translator: Translator):
+def load_shortlist_for(args: argparse.Namespace, translator: CoreDecoder):
     if not args.shortlist:
         return None
     return load_shortlist(args.shortlist, translator.checkpoint.tokenizer, top_m=args.shortlist_m,

@@ -42,7 +42,7 @@ from raymt.workers.inputs import MAX_ROW_CHARS
 from raymt.workers.native import decoder_kernels
 from raymt.workers.rows import join_rows, prepare_rows
 from raymt.workers.search import Hypothesis
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -54,9 +54,9 @@ def unit_to_row(unit: WorkUnit) -> dict:
 class EncoderWorker:
     """unit rows -> encoded unit rows: cleaned text, statuses, token-id pieces that fit the model."""
 
-    def __init__(self, model: str | Translator, columns: Columns, source_lang: str | None = None,
+    def __init__(self, model: str | CoreDecoder, columns: Columns, source_lang: str | None = None,
                  target_lang: str | None = None, max_row_chars: int = MAX_ROW_CHARS) -> None:
-        if isinstance(model, Translator):
+        if isinstance(model, CoreDecoder):
             self.tokenizer, config = model.checkpoint.tokenizer, model.checkpoint.model.config
         else:  # an encoder actor needs the tokenizer, not the weights
             self.tokenizer, config, _ = load_tokenizer(model_reader(model))

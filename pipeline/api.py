@@ -25,7 +25,7 @@ from raymt.workers.lang_tokenizer import per_row_languages, source_encoder
 from raymt.workers.rows import join_rows, prepare_rows
 from raymt.workers.shortlist import LanguageShortlists, Shortlist
 from raymt.workers.speedups import EXACT, CpuSpeedups
-from raymt.workers.translator import Translator as Core
+from raymt.workers.core_decoder import CoreDecoder
 
 # ``compute_type`` as CTranslate2 names it -> the CPU rewrites (``workers/speedups.py``). bfloat16 needs
 # a CPU with native bf16 (``workers/isa.py`` refuses it in one line elsewhere) or a GPU.
@@ -56,7 +56,7 @@ class RowTranslation:
 class Translator:
     """A model loaded once (``load``) and the decoding it was loaded for (``decode``)."""
 
-    core: Core
+    core: CoreDecoder
     decode: DecodeConfig
     shortlist: Shortlist | LanguageShortlists | None = None
     stats: DecodeStats = field(default_factory=DecodeStats)  # every call's counters, added up

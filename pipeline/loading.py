@@ -15,14 +15,14 @@ from raymt.pipeline.storage import model_reader
 from raymt.workers.decode_config import DecodeConfig
 from raymt.workers.device import resolve_device
 from raymt.workers.shortlist import AnyShortlist
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 
 @dataclass(frozen=True)
 class LoadedDecoder:
     """A model loaded for one ``DecodeConfig``: its translator and the shortlist it decodes with (or None)."""
 
-    translator: Translator
+    translator: CoreDecoder
     shortlist: AnyShortlist | None
 
 
@@ -34,14 +34,14 @@ def load_decoder(model: str, decode: DecodeConfig, *, device: torch.device | Non
     table. ``pins``: (file name, SHA-256) of the model files a job planned with; a file that differs
     raises ``ModelChanged`` (``raymt.pipeline.storage.model_reader``)."""
     rt = decode.runtime
-    translator = Translator.load(model_reader(model, pins), threads=rt.threads or None, speedups=rt.speedups,
+    translator = CoreDecoder.load(model_reader(model, pins), threads=rt.threads or None, speedups=rt.speedups,
                                  max_batch_size=decode.batching.max_batch_size,
                                  device=device if device is not None else resolve_device(rt.device))
     if decode.batching.tune:
         translator.tune_batches(decode.search)
     shortlist = None
     if decode.shortlist:
-        from raymt.pipeline.shortlists import load_shortlist
+        from raymt.pipeline.shortlist_files import load_shortlist
 
         shortlist = load_shortlist(decode.shortlist.path, translator.checkpoint.tokenizer, top_m=decode.shortlist.top_m,
                                    top_n=decode.shortlist.top_n, special_ids=translator.special_target_ids())

@@ -163,9 +163,9 @@ def evaluate(args: argparse.Namespace) -> dict:
     import sacrebleu
 
     from raymt.workers.config import SearchConfig
-    from raymt.workers.translator import Translator
+    from raymt.workers.core_decoder import CoreDecoder
 
-    translator = Translator.load(args.out, threads=args.threads)
+    translator = CoreDecoder.load(args.out, threads=args.threads)
     scores = {}
     for name in ("test_2016_flickr", "test_2017_flickr"):
         src = read_lines(f"{args.data_dir}/{name}.de")

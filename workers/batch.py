@@ -1,5 +1,5 @@
 """Padded (source, target) id pairs as one teacher-forced batch: what scoring a given translation
-(``Translator.score``) and training read.
+(``CoreDecoder.score``) and training read.
 """
 from __future__ import annotations
 

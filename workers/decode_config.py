@@ -23,7 +23,7 @@ from raymt.workers.static_step import StaticStep
 
 @dataclass(frozen=True, slots=True)
 class ShortlistSource:
-    """A lexical shortlist to decode over (``raymt.pipeline.shortlists.load_shortlist``)."""
+    """A lexical shortlist to decode over (``raymt.pipeline.shortlist_files.load_shortlist``)."""
 
     path: str  # lex.s2t (with its .freq) or a CTranslate2 .vmap file
     top_m: int = 10  # top translations kept per source token

@@ -1,5 +1,5 @@
 """The device a decoder runs on, decided once: CLI ``--device`` -> ``DecoderSettings.device`` ->
-``resolve_device`` -> ``Translator.load(device=)`` -> ``load_checkpoint(device=)``. Nothing below
+``resolve_device`` -> ``CoreDecoder.load(device=)`` -> ``load_checkpoint(device=)``. Nothing below
 asks again: every tensor a decode creates follows the model's device (``MarianModel.device``).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ class BatchingDefaults:
       1024 slots, 50,000 sentences, top-up): refilling at 5% empty instead of half raises it from
       0.70 to 0.97 on Multi30k's lengths and from 0.67 to 0.87 on WMT22's (0.89 / 0.84 with the
       readback every 4 steps, when slots free), read back every 4 steps so the host runs ahead of the
-      device. 256 slots (fitted to free memory per call, ``Translator``): timed on an H200
+      device. 256 slots (fitted to free memory per call, ``CoreDecoder``): timed on an H200
       (``docs/results/gpu-h200-2026-11-27.md``, slot sweep), the static step at 256 slots beat it at
       1,024 by 1.67x (base-de-en, WMT22), 1.25x (demo model, WMT22), 1.21x (base-de-en, Multi30k) and
       lost 0.95x (demo model, Multi30k): past ~1,300 rows a step the GPU is full, and more slots

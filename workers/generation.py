@@ -7,7 +7,7 @@ start token), ``early_stopping``, ``length_penalty``; the command line, the Pyth
 operator decode with it unless told otherwise (an explicit flag or argument wins, field by field).
 A directory that gives no length keeps the project's cap (HF's model-agnostic 20 tokens cuts
 translations short; HF warns about it). ``forced_bos_token_id`` is a default target language, and
-``forced_eos_token_id`` forces EOS at the cap (``Translator.forced_eos``). Settings this decoder does not implement
+``forced_eos_token_id`` forces EOS at the cap (``CoreDecoder.forced_eos``). Settings this decoder does not implement
 (``UNSUPPORTED``: sampling, n-gram and repetition penalties, minimum lengths, other banned words, ...)
 are refused in one line naming them rather than decoded differently from HF.
 

@@ -1,4 +1,4 @@
-"""One decoder runner per actor (or ``Translator``), built once: what every decode call reuses.
+"""One decoder runner per actor (or ``CoreDecoder``), built once: what every decode call reuses.
 
 nano-vllm's ModelRunner is the model: the runner owns the model on its device, the KV cache and the
 beam state (sized once and reused by every decode call and work unit, growing only when a call

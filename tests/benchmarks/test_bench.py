@@ -119,9 +119,9 @@ def test_ctranslate2_is_resident_only_during_its_own_runs(demo_model_dir, tmp_pa
     pytest.importorskip("ctranslate2")
     from benchmarks.peers import PeerRun, ctranslate2_system, run
     from raymt.workers.config import SearchConfig
-    from raymt.workers.translator import Translator
+    from raymt.workers.core_decoder import CoreDecoder
 
-    translator = Translator.load(str(demo_model_dir), threads=1)
+    translator = CoreDecoder.load(str(demo_model_dir), threads=1)
     ct2 = ctranslate2_system(str(demo_model_dir), "float32", 1, SearchConfig(beam_size=2), translator, str(tmp_path))
     resident = []
     ours = PeerRun("ours", lambda lines: resident.append(ct2._ct2 is not None) or [x.text for x in translator.translate(

@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 
 from benchmarks.bench_gpu import main
-from raymt.pipeline.shortlists import save_table
+from raymt.pipeline.shortlist_files import save_table
 from raymt.workers.shortlist import LexicalTable
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 from tests.conftest import SHARED_DATA, shared_path
 
 
 def test_bench_gpu_smoke_on_the_cpu(demo_model_dir, tmp_path):
     shared_path("multi30k", "test_2016_flickr.de")
     out, lex = tmp_path / "gpu", str(tmp_path / "lex.s2t")
-    tok = Translator.load(str(demo_model_dir)).checkpoint.tokenizer
+    tok = CoreDecoder.load(str(demo_model_dir)).checkpoint.tokenizer
     save_table(lex, LexicalTable({}, list(range(0, 8001, 3))), tok)  # a frequency-only table: every third id
     main(["--model", str(demo_model_dir), "--data", str(SHARED_DATA), "--sets", "multi30k", "--lines", "12",
           "--beams", "2", "--hf-batches", "4,12", "--capacities", "4", "--batching-beams", "2", "--batch-sentences", "4",

@@ -4,12 +4,12 @@ from __future__ import annotations
 from benchmarks.step_profile import LABELS, PHASES, step_breakdown
 from raymt.workers.config import SearchConfig
 from raymt.workers.scheduler import Policy, SchedulerConfig
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 from tests.pipeline.ray_helpers import clean_corpus
 
 
 def test_breakdown_covers_the_run_by_phase(demo_model_dir) -> None:
-    translator = Translator.load(str(demo_model_dir))
+    translator = CoreDecoder.load(str(demo_model_dir))
     texts, cfg = clean_corpus(12), SearchConfig(beam_size=3)
     rows = step_breakdown(lambda lines: translator.translate(lines, cfg), texts)
     by = {r["phase"]: r for r in rows}
@@ -23,7 +23,7 @@ def test_breakdown_covers_the_run_by_phase(demo_model_dir) -> None:
 
 
 def test_breakdown_of_the_streaming_decoder(demo_model_dir) -> None:
-    translator = Translator.load(str(demo_model_dir))
+    translator = CoreDecoder.load(str(demo_model_dir))
     batching = SchedulerConfig(policy=Policy.VAR_STREAM, max_batch_sentences=4, capacity=4)
     rows = step_breakdown(lambda lines: translator.translate(lines, SearchConfig(beam_size=3), batching=batching),
                           clean_corpus(12))

@@ -5,9 +5,9 @@ import pyarrow.parquet as pq
 
 from raymt.jobs.build_shortlist import main as build
 from raymt.jobs.translate import main as translate
-from raymt.pipeline.shortlists import load_table
+from raymt.pipeline.shortlist_files import load_table
 from tests.conftest import ROOT, shared_path
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 SAMPLE = ROOT / "examples" / "sample.de.txt"
 
@@ -23,7 +23,7 @@ def test_alignment_table_translates_hund_to_dog(demo_model_dir, tmp_path):
     src, tgt = slice_of("train.de", tmp_path), slice_of("train.en", tmp_path)
     out = tmp_path / "lex.s2t"
     build(["--model", str(demo_model_dir), "--source", str(src), "--target", str(tgt), "--output", str(out)])
-    tok = Translator.load(str(demo_model_dir)).checkpoint.tokenizer
+    tok = CoreDecoder.load(str(demo_model_dir)).checkpoint.tokenizer
     table = load_table(str(out), tok)
     assert table.frequent and (tmp_path / "lex.s2t.freq").exists()
     hund = tok.source_vocab["▁Hund"]
@@ -60,7 +60,7 @@ def test_nllb_gets_one_table_per_target_language_and_the_job_decodes_with_them(n
     target languages as the API does with those tables."""
     import pyarrow as pa
 
-    from raymt.pipeline.shortlists import load_shortlist
+    from raymt.pipeline.shortlist_files import load_shortlist
     from raymt.workers.config import SearchConfig
     from raymt.workers.shortlist import LanguageShortlists
 
@@ -70,7 +70,7 @@ def test_nllb_gets_one_table_per_target_language_and_the_job_decodes_with_them(n
            "eng_Latn", "--frequency-only", "--beam-size", "2", "--output", str(out)])
     assert sorted(p.name for p in out.iterdir()) == ["eng_Latn.s2t", "eng_Latn.s2t.freq", "fra_Latn.s2t",
                                                       "fra_Latn.s2t.freq"]
-    tr = Translator.load(str(nllb_dir))
+    tr = CoreDecoder.load(str(nllb_dir))
     tok = tr.checkpoint.tokenizer
     lists = load_shortlist(str(out), tok, top_m=10, top_n=50, special_ids=tr.special_target_ids())
     assert isinstance(lists, LanguageShortlists)

@@ -12,7 +12,7 @@ import pytest
 
 from raymt.jobs.translate import build_parser, main, model_search
 from raymt.workers.decode_config import DEFAULTS
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
@@ -42,7 +42,7 @@ def job(model, corpus, output, *flags: str) -> list[dict]:
 
 
 def texts(directory, seqs) -> list[str]:
-    tok = Translator.load(str(directory)).checkpoint.tokenizer
+    tok = CoreDecoder.load(str(directory)).checkpoint.tokenizer
     return [tok.decode(list(s)) for s in seqs]
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from raymt.jobs.translate import main
 from raymt.workers.config import SearchConfig
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 from tests.conftest import shared_path
 
 transformers = pytest.importorskip("transformers")
@@ -21,7 +21,7 @@ def test_job_translates_into_the_target_language_and_refuses_without_one(nllb_di
             "--beam-size", "2", "--source-lang", "deu_Latn"]
     main([*base, "--output", str(tmp_path / "out.txt"), "--target-lang", "fra_Latn"])
     got = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
-    tr = Translator.load(str(nllb_dir))
+    tr = CoreDecoder.load(str(nllb_dir))
     cfg = SearchConfig(beam_size=2)
     assert got == [t.text for t in tr.translate(lines, cfg, source_lang="deu_Latn", target_lang="fra_Latn")]
     assert got != [t.text for t in tr.translate(lines, cfg, source_lang="deu_Latn", target_lang="eng_Latn")]
@@ -45,7 +45,7 @@ def test_per_row_target_language_column(nllb_dir, tmp_path):
     pq.write_table(pa.table({"text": lines, "lang": langs, "src": sources}), tmp_path / "in.parquet")
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t, **({"lang": g} if g else {}), "src": s}) + "\n"
                                                for t, g, s in zip(lines, langs, sources)), encoding="utf-8")
-    tr = Translator.load(str(nllb_dir))
+    tr = CoreDecoder.load(str(nllb_dir))
     want = [t.text for t in tr.translate(lines, SearchConfig(beam_size=2), source_lang=[s or "deu_Latn" for s in sources],
                                          target_lang=[g or "fra_Latn" for g in langs])]
     assert want != [t.text for t in tr.translate(lines, SearchConfig(beam_size=2), source_lang="deu_Latn",
@@ -77,7 +77,7 @@ def test_a_bad_code_in_a_language_column_is_one_invalid_row(nllb_dir, tmp_path):
     assert out[3]["reason"].startswith("no target language") and "--target-lang" in out[3]["reason"]
     assert out[4]["reason"].startswith("unknown source language 'zz_Zzzz'")
     assert [r["source"] for r in out] == lines and [out[i]["translation"] for i in (1, 3, 4)] == ["", "", ""]
-    tr = Translator.load(str(nllb_dir))
+    tr = CoreDecoder.load(str(nllb_dir))
     good = [0, 2]
     want = tr.translate([lines[i] for i in good], SearchConfig(beam_size=2), source_lang="deu_Latn",
                         target_lang=[langs[i] for i in good])
@@ -99,7 +99,7 @@ def test_per_row_target_languages_on_ray(nllb_dir, tmp_path):
     lines = shared_path("multi30k", "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:8]
     langs = ["fra_Latn", "eng_Latn", None, "ita_Latn", "eng_Latn", None, "ita_Latn", "fra_Latn"]
     pq.write_table(pa.table({"text": lines, "lang": langs}), tmp_path / "in.parquet")
-    want = [t.text for t in Translator.load(str(nllb_dir)).translate(
+    want = [t.text for t in CoreDecoder.load(str(nllb_dir)).translate(
         lines, SearchConfig(beam_size=2), source_lang="deu_Latn", target_lang=[g or "fra_Latn" for g in langs])]
     start_ray(num_cpus=2)
     try:

@@ -7,7 +7,7 @@ import pytest
 
 from raymt.ray_data import ERROR_COLUMN, Translate
 from raymt.workers.config import SearchConfig
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 from tests.pipeline.ray_helpers import clean_corpus, start_ray, write_corpus
 
 SEARCH = SearchConfig(beam_size=2)
@@ -41,7 +41,7 @@ def test_map_batches_translates_one_column_and_keeps_the_others(cluster, demo_mo
     rows = {r["id"]: r for r in table}
     assert sorted(rows) == ids and len(table) == len(ids), "every row exactly once"
     good = [i for i, t in enumerate(texts) if t]
-    expected = Translator.load(str(demo_model_dir)).translate([texts[i] for i in good], SEARCH)
+    expected = CoreDecoder.load(str(demo_model_dir)).translate([texts[i] for i in good], SEARCH)
     for i, t in zip(good, expected):
         row = rows[ids[i]]
         assert (row["text"], row["score"]) == (texts[i], i / 4), "other columns pass through"

@@ -1,4 +1,4 @@
-"""The translate job on a real local Ray cluster: exactly once, equal to the in-process Translator,
+"""The translate job on a real local Ray cluster: exactly once, equal to the in-process CoreDecoder,
 resume, evaluation, bad input, a decoder actor SIGKILLed mid-job, a driver SIGKILLed and rerun."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sacrebleu
 
 from raymt.jobs.translate import main
 from raymt.pipeline.sink import OutputStore
-from raymt.pipeline.stats_report import batch_histogram
+from raymt.pipeline.stats_plots import batch_histogram
 from tests.pipeline.ray_helpers import (
     SAMPLE,
     assert_exactly_once,
@@ -25,7 +25,7 @@ from tests.pipeline.ray_helpers import (
     write_corpus,
 )
 from raymt.workers.config import SearchConfig
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 LONG = " ".join(SAMPLE * 6)  # > 512 source tokens: must be split to fit the model's positions
 BAD = [None, "", "   ", "Ein\x00 Hund\x07 läuft.", LONG, "Zwei Hunde\tspielen."]
@@ -52,7 +52,7 @@ def test_round_trip_equals_in_process_and_resume_skips_committed(cluster, demo_m
     main(job(demo_model_dir, src, out))
     table = assert_exactly_once(str(out), ids).to_pylist()
 
-    translator = Translator.load(str(demo_model_dir), max_batch_size=32)
+    translator = CoreDecoder.load(str(demo_model_dir), max_batch_size=32)
     cfg = SearchConfig(beam_size=2, max_decoding_length=256, max_length_a=1.5, max_length_b=10)
     for start in range(0, 40, 10):  # the clean units: same rows, same batches -> identical output
         expected = [t.text for t in translator.translate(texts[start:start + 10], cfg)]

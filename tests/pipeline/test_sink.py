@@ -43,9 +43,9 @@ def test_a_decoded_unit_s_part(demo_model_dir) -> None:
     from raymt.pipeline.actors import decoded_table
     from raymt.pipeline.records import EncodedUnit
     from raymt.workers.search import Hypothesis
-    from raymt.workers.translator import Translator
+    from raymt.workers.core_decoder import CoreDecoder
 
-    tok = Translator.load(str(demo_model_dir)).checkpoint.tokenizer
+    tok = CoreDecoder.load(str(demo_model_dir)).checkpoint.tokenizer
     ids = {w: tuple(tok.encode_target(w)) for w in ("A dog.", "Two men.", "A cat.", "Hello", "there")}
     hyps = [[Hypothesis(ids["A dog."], -1.0, -2.0), Hypothesis(ids["A cat."], -1.5, -3.0)],  # row 0
             [Hypothesis(ids["Hello"], -0.25, -1.0), Hypothesis(ids["Two men."], -2.0, -4.0)],  # row 2, piece 1

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import shared_path
 from raymt.workers.config import SearchConfig
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 
 def read(path) -> list[str]:
@@ -22,7 +22,7 @@ def read(path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def translator(demo_model_dir):
-    return Translator.load(str(demo_model_dir))
+    return CoreDecoder.load(str(demo_model_dir))
 
 
 def test_opus_mt_vocabulary_convention(demo_model_dir):

@@ -3,7 +3,7 @@
 Decoding runs here with torch's default device set to ``meta`` while the model stays on the CPU:
 a tensor created without ``device=`` lands on ``meta`` and the decode fails (or its output changes),
 so equal outputs prove no creation on the decode path assumes the CPU. The same code then runs
-with the model on any device (``Translator.load(..., device=)``).
+with the model on any device (``CoreDecoder.load(..., device=)``).
 """
 from __future__ import annotations
 
@@ -16,17 +16,17 @@ from raymt.workers.config import PruningConfig, SamplingConfig, SearchConfig
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.shortlist import LexicalTable, Shortlist
 from raymt.workers.step_ops import ATEN
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 TEXTS = ["Ein Hund rennt über die Wiese.", "Zwei Männer spielen Fußball im Park.", "", "Eine Frau liest."]
 
 
 @pytest.fixture(scope="module")
 def translator(demo_model_dir):
-    return Translator.load(str(demo_model_dir), max_batch_size=2)
+    return CoreDecoder.load(str(demo_model_dir), max_batch_size=2)
 
 
-def decode(translator: Translator, beam: int, batching=None, shortlist=None) -> list[str]:
+def decode(translator: CoreDecoder, beam: int, batching=None, shortlist=None) -> list[str]:
     return [t.text for t in translator.translate(TEXTS, SearchConfig(beam_size=beam, num_hypotheses=1), shortlist,
                                                  batching)]
 
@@ -52,10 +52,10 @@ def test_a_shortlisted_decode_moves_its_candidates_to_the_model(translator):
 
 def test_load_places_the_model_and_keeps_the_cpu_rewrites_to_the_cpu(demo_model_dir):
     from raymt.workers.speedups import onednn_available
-    plain = Translator.load(str(demo_model_dir), device=torch.device("cpu"))
+    plain = CoreDecoder.load(str(demo_model_dir), device=torch.device("cpu"))
     assert plain.checkpoint.model.device == torch.device("cpu")
     assert (plain.checkpoint.model.vocab_head is not None) == onednn_available()  # the CPU rewrites applied
-    meta = Translator.load(str(demo_model_dir), device="meta")  # shapes only: a second device type on any machine
+    meta = CoreDecoder.load(str(demo_model_dir), device="meta")  # shapes only: a second device type on any machine
     model = meta.checkpoint.model
     assert model.device == torch.device("meta") and model.ops is ATEN and model.vocab_head is None
     assert all(p.device.type == "meta" for p in model.parameters())
@@ -122,8 +122,8 @@ def test_the_device_step_never_reads_the_device(demo_model_dir, beam, static, pr
     independent shape, which capture needs, and it creates nothing from host values."""
     from raymt.workers.engine import Engine, StaticStep
 
-    sources = Translator.load(str(demo_model_dir)).encode(TEXTS[:2] + TEXTS[3:])
-    model = Translator.load(str(demo_model_dir), device="meta").checkpoint.model
+    sources = CoreDecoder.load(str(demo_model_dir)).encode(TEXTS[:2] + TEXTS[3:])
+    model = CoreDecoder.load(str(demo_model_dir), device="meta").checkpoint.model
     sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2)
     search = SearchConfig(beam_size=beam, sampling=pruning) if isinstance(pruning, SamplingConfig) \
         else SearchConfig(beam_size=beam, pruning=pruning or PruningConfig())  # (sampling: the step's other proposal)
@@ -162,7 +162,7 @@ def test_int8_off_the_cpu_is_refused_before_anything_loads(demo_model_dir, monke
     int8 = dataclasses.replace(EXACT, int8=True)
     for device in ("cuda", "cuda:1", torch.device("cuda", 0)):
         with pytest.raises(ValueError, match=r"int8 runs on the CPU only .*float32, bfloat16 or float16"):
-            Translator.load(str(demo_model_dir), device=device, speedups=int8)
+            CoreDecoder.load(str(demo_model_dir), device=device, speedups=int8)
         with pytest.raises(ValueError, match="int8 runs on the CPU only"):
             RuntimeConfig(device=str(device), speedups=int8)
     monkeypatch.setattr(api, "resolve_device", lambda name: torch.device(name))  # (as on a GPU machine)
@@ -172,5 +172,5 @@ def test_int8_off_the_cpu_is_refused_before_anything_loads(demo_model_dir, monke
     assert RuntimeConfig(device="auto", speedups=int8).speedups.precision == "int8"  # (decided where it decodes)
     assert CpuSpeedups(bf16=True).precision == "bf16" and EXACT.precision == "float32"
     monkeypatch.undo()
-    on_cpu = Translator.load(str(demo_model_dir), speedups=CpuSpeedups(int8=True))
+    on_cpu = CoreDecoder.load(str(demo_model_dir), speedups=CpuSpeedups(int8=True))
     assert type(on_cpu.checkpoint.model.vocab_head).__name__ == "Int8Linear"  # int8 where it runs

@@ -1,4 +1,4 @@
-"""An M2M100 / NLLB directory's own generation settings are the default search: ``Translator.translate``
+"""An M2M100 / NLLB directory's own generation settings are the default search: ``CoreDecoder.translate``
 without a search, ``raymt.Translator.load`` without one and the Ray Data operator all equal HF
 ``model.generate(**inputs)`` run with no search arguments on the same directory (the target language
 forced as HF users force it, ``forced_bos_token_id``); an explicit search wins; settings the decoder
@@ -21,7 +21,7 @@ import torch
 from raymt.workers.config import ModelConfig, SearchConfig
 from raymt.workers.decode_config import DEFAULTS
 from raymt.workers.generation import GenerationDefaults, UnsupportedGeneration
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 from tests.conftest import shared_path
 
 transformers = pytest.importorskip("transformers")
@@ -89,7 +89,7 @@ def reference(early_dir, lines) -> list[tuple[int, ...]]:
 def test_the_default_search_equals_hf_generate_without_arguments(early_dir, lines, reference):
     """Token for token on 20 held-out lines, as HF users drive the model (its settings, the target
     language forced); the product's defaults, and these without early stopping, do not."""
-    tr = Translator.load(str(early_dir))
+    tr = CoreDecoder.load(str(early_dir))
     search = tr.model_search_config()
     assert (search.beam_size, search.max_decoding_length, search.max_length_a, search.early_stopping) == \
         (5, 23, 0.0, True)
@@ -106,7 +106,7 @@ def test_api_and_operator_default_to_the_model_and_an_explicit_search_wins(early
     import raymt
     from raymt.ray_data import Translate
 
-    core = Translator.load(str(early_dir))
+    core = CoreDecoder.load(str(early_dir))
     want = [core.checkpoint.tokenizer.decode(list(r)) for r in reference]
     api = raymt.Translator.load(str(early_dir), threads=1)
     assert api.decode.search == core.model_search_config()
@@ -130,7 +130,7 @@ def test_a_forced_target_language_in_the_settings_is_the_default_target(early_di
     tok = transformers.M2M100Tokenizer.from_pretrained(str(directory))
     (directory / "generation_config.json").write_text(json.dumps({**GENERATION,
                                                                   "forced_bos_token_id": tok.get_lang_id(TARGET)}))
-    tr = Translator.load(str(directory))
+    tr = CoreDecoder.load(str(directory))
     assert tr.default_target_lang is not None and tr.checkpoint.tokenizer.lang_id(tr.default_target_lang) == \
         tok.get_lang_id(TARGET)
     assert [t.tokens for t in tr.translate(lines, source_lang=SOURCE)] == hf_reference(directory, lines)
@@ -176,7 +176,7 @@ def test_a_refused_setting_stops_the_default_search_not_the_loading(early_dir, t
     directory = tmp_path / "ngram"
     shutil.copytree(early_dir, directory)
     (directory / "generation_config.json").write_text(json.dumps({**GENERATION, "no_repeat_ngram_size": 3}))
-    tr = Translator.load(str(directory))
+    tr = CoreDecoder.load(str(directory))
     with pytest.raises(UnsupportedGeneration, match="no_repeat_ngram_size=3.*generation_config.json"):
         tr.translate(["Ein Hund."], source_lang=SOURCE, target_lang=TARGET)
 
@@ -184,7 +184,7 @@ def test_a_refused_setting_stops_the_default_search_not_the_loading(early_dir, t
 def test_marian_directories_keep_the_product_defaults(demo_model_dir):
     """The demo model's generation_config.json (the converter's num_beams 4 / max_length 512) is not the
     default: Marian directories decode as before."""
-    tr = Translator.load(str(demo_model_dir))
+    tr = CoreDecoder.load(str(demo_model_dir))
     assert json.loads((demo_model_dir / "generation_config.json").read_text())["num_beams"] == 4
     assert tr.generation_defaults() is None and tr.model_search_config() == DEFAULTS.search
     assert tr.forced_eos and tr.default_target_lang is None

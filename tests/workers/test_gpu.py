@@ -14,7 +14,7 @@ from raymt.workers.config import SearchConfig
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.speedups import CpuSpeedups
 from raymt.workers.step_ops import ATEN
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -27,13 +27,13 @@ def lines(n: int) -> tuple[list[str], list[str]]:
 
 
 @pytest.fixture(scope="module")
-def cpu(demo_model_dir) -> Translator:
-    return Translator.load(str(demo_model_dir), speedups=CpuSpeedups())
+def cpu(demo_model_dir) -> CoreDecoder:
+    return CoreDecoder.load(str(demo_model_dir), speedups=CpuSpeedups())
 
 
 @pytest.fixture(scope="module")
-def cuda(demo_model_dir) -> Translator:
-    return Translator.load(str(demo_model_dir), device="cuda")
+def cuda(demo_model_dir) -> CoreDecoder:
+    return CoreDecoder.load(str(demo_model_dir), device="cuda")
 
 
 @pytest.mark.parametrize("policy", [None, Policy.TOPUP, Policy.VAR_STREAM])
@@ -50,7 +50,7 @@ def test_float32_on_cuda_translates_as_on_the_cpu(cpu, cuda, policy):
 @pytest.mark.parametrize("opts, dtype", [(CpuSpeedups(bf16=True), torch.bfloat16), (CpuSpeedups(fp16=True), torch.float16)])
 def test_half_precision_bleu_within_half_a_point_of_float32(cpu, demo_model_dir, opts, dtype):
     src, ref = lines(500)
-    half = Translator.load(str(demo_model_dir), device="cuda", speedups=opts)
+    half = CoreDecoder.load(str(demo_model_dir), device="cuda", speedups=opts)
     assert next(half.checkpoint.model.parameters()).dtype == dtype
     cfg = SearchConfig(beam_size=5)
     base = sacrebleu.corpus_bleu([t.text for t in cpu.translate(src, cfg)], [ref]).score
@@ -120,7 +120,7 @@ def test_the_static_step_on_cuda_decodes_as_the_dynamic_one(cuda, demo_model_dir
                     continue
                 if hasattr(module, "GraphedStep"):
                     m.setattr(module, "GraphedStep", Eager)
-            eager_translator = Translator.load(str(demo_model_dir), device="cuda")
+            eager_translator = CoreDecoder.load(str(demo_model_dir), device="cuda")
             eager = [h[0].tokens for h in eager_translator.decode_ids(sources, cfg, batching=sched,
                                                                       static=static).hypotheses]
         assert replays[0] == 0 and eager == replayed  # replay = eager, token for token

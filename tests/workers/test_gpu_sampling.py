@@ -10,7 +10,7 @@ from raymt.workers.config import SamplingConfig, SearchConfig
 from raymt.workers.engine import StaticStep
 from raymt.workers.sampling import sentence_key, uniforms
 from raymt.workers.scheduler import Policy, SchedulerConfig
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 from tests.conftest import shared_path
 
 pytestmark = [pytest.mark.gpu,
@@ -24,7 +24,7 @@ def texts() -> list[str]:
     return shared_path("multi30k", "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:96]
 
 
-def tokens(translator: Translator, texts: list[str], cfg: SearchConfig, **kw) -> list[list[tuple[int, ...]]]:
+def tokens(translator: CoreDecoder, texts: list[str], cfg: SearchConfig, **kw) -> list[list[tuple[int, ...]]]:
     return [[h.tokens for h in hs] for hs in translator.decode_ids(translator.encode(texts), cfg, **kw).hypotheses]
 
 
@@ -40,8 +40,8 @@ def test_the_uniforms_are_bit_equal_on_cuda():
                                       SamplingConfig(topp=0.9, temperature=0.8, seed=3)])
 def test_samples_on_cuda_equal_the_cpus_and_the_graph_replays_them(demo_model_dir, texts, sampling):
     cfg = SearchConfig(beam_size=4, num_hypotheses=4, sampling=sampling)
-    cpu = tokens(Translator.load(str(demo_model_dir)), texts, cfg, batching=TOPUP)
-    cuda = Translator.load(str(demo_model_dir), device="cuda")
+    cpu = tokens(CoreDecoder.load(str(demo_model_dir)), texts, cfg, batching=TOPUP)
+    cuda = CoreDecoder.load(str(demo_model_dir), device="cuda")
     dynamic = tokens(cuda, texts, cfg, batching=TOPUP)
     same = sum(a == b for a, b in zip(cpu, dynamic))  # a row: 4 samples of ~13 draws each
     assert same >= 0.9 * len(texts), f"{same}/{len(texts)} rows drew the same (float sums differ by device)"
@@ -51,7 +51,7 @@ def test_samples_on_cuda_equal_the_cpus_and_the_graph_replays_them(demo_model_di
 
 
 def test_top_k_one_on_cuda_is_greedy(demo_model_dir, texts):
-    cuda = Translator.load(str(demo_model_dir), device="cuda")
+    cuda = CoreDecoder.load(str(demo_model_dir), device="cuda")
     greedy = tokens(cuda, texts, SearchConfig(beam_size=1), batching=TOPUP)
     top1 = tokens(cuda, texts, SearchConfig(beam_size=1, sampling=SamplingConfig(topk=1)), batching=TOPUP)
     assert top1 == greedy

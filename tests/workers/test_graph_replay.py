@@ -17,7 +17,7 @@ from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.speedups import CpuSpeedups
 from raymt.workers.static_step import StaticStep
 from raymt.workers.step_ops import ATEN, AtenOps
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 TEXTS = ["Ein Hund rennt über die Wiese.", "Zwei Männer spielen Fußball im Park.", "Eine Frau liest.",
          "Ein kleines Mädchen klettert in ein Spielhaus aus Holz.", "Zwei Hunde.", "Ein Mann schläft."]
@@ -31,25 +31,25 @@ class OnDevice(AtenOps):
 
 
 def on_device(demo_model_dir, speedups: CpuSpeedups):
-    translator = Translator.load(str(demo_model_dir), speedups=speedups)  # (no CPU-only rewrites, as on a GPU)
+    translator = CoreDecoder.load(str(demo_model_dir), speedups=speedups)  # (no CPU-only rewrites, as on a GPU)
     translator.checkpoint.model.model.decoder.ops = OnDevice()
     yield translator
     translator.checkpoint.model.model.decoder.ops = ATEN
 
 
 @pytest.fixture(scope="module")
-def translator(demo_model_dir) -> Translator:
+def translator(demo_model_dir) -> CoreDecoder:
     yield from on_device(demo_model_dir, CpuSpeedups())
 
 
 @pytest.fixture(scope="module")
-def bf16(demo_model_dir) -> Translator:
+def bf16(demo_model_dir) -> CoreDecoder:
     if why := bf16_refusal(detect()):
         pytest.skip(why)
     yield from on_device(demo_model_dir, CpuSpeedups(bf16=True))
 
 
-def static_decode(translator: Translator, beam: int, readback: int, policy: Policy = Policy.TOPUP,
+def static_decode(translator: CoreDecoder, beam: int, readback: int, policy: Policy = Policy.TOPUP,
                   pruning: PruningConfig | None = None, late: bool = False):
     sources = translator.encode(TEXTS)
     cfg = SearchConfig(beam_size=beam, num_hypotheses=1, max_length_a=0.0, max_length_b=9,

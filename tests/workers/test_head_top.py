@@ -7,7 +7,7 @@ import torch
 
 from raymt.workers.config import SearchConfig
 from raymt.workers.speedups import EXACT, PackedLinear
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 NEG_INF = float("-inf")
 
@@ -82,8 +82,8 @@ def test_fused_head_declines_what_it_does_not_take(native_kernels, monkeypatch) 
 def test_a_decode_through_the_fused_head_equals_one_without(demo_model_dir) -> None:
     lines = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch im Park.",
              "Kinder laufen am Strand entlang, während die Sonne untergeht."]
-    fused = Translator.load(str(demo_model_dir), speedups=EXACT)
-    plain = Translator.load(str(demo_model_dir), speedups=EXACT)
+    fused = CoreDecoder.load(str(demo_model_dir), speedups=EXACT)
+    plain = CoreDecoder.load(str(demo_model_dir), speedups=EXACT)
     head = plain.checkpoint.model.vocab_head
     assert fused.checkpoint.model.vocab_head.top_kernel is not None, "the fused head is on by default"
     head.top_kernel = None  # the product, then the row top

@@ -3,7 +3,7 @@
 Two checkpoint shapes, each with its real OPUS-MT tokenizer files: ``en-mg`` (swish, shared vocab,
 pad = last id, ``forced_eos_token_id: null``) and ``tc-big-fr-en`` (relu, EOS 43311, pad 53016,
 forced EOS).
-HF writes them with ``save_pretrained``; we load them with ``Translator.load`` and compare
+HF writes them with ``save_pretrained``; we load them with ``CoreDecoder.load`` and compare
 teacher-forced logits, greedy outputs and beam n-best lists (tokens and ``sequences_scores``)
 against ``MarianMTModel.generate`` on WMT22 source lines.
 
@@ -29,7 +29,7 @@ from tests.conftest import shared_path
 from raymt.workers.checkpoint import save_checkpoint
 from raymt.workers.config import ModelConfig, SearchConfig
 from raymt.workers.model import MarianModel
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses"),
@@ -59,7 +59,7 @@ class Pair:
 
     shape: Shape
     hf: "transformers.MarianMTModel"
-    ours: Translator
+    ours: CoreDecoder
     eos: int
     pad: int
     directory: Path | None = None
@@ -95,7 +95,7 @@ def build_pair(shape: Shape, directory: Path) -> Pair:
     hf.save_pretrained(directory)
     for name in TOKENIZER_FILES:
         shutil.copy(spm_dir / name, directory / name)
-    ours = Translator.load(str(directory), max_batch_size=16)  # several length-sorted batches
+    ours = CoreDecoder.load(str(directory), max_batch_size=16)  # several length-sorted batches
     assert ours.forced_eos == shape.forced_eos
     assert hf.generation_config.forced_eos_token_id == forced
     return Pair(shape, hf, ours, eos, pad, directory)
@@ -296,7 +296,7 @@ def test_forced_eos_follows_config_json_like_hf_from_pretrained(tmp_path, forced
     forced = forced_key == "eos"
     hf = transformers.MarianMTModel.from_pretrained(str(tmp_path)).eval()
     assert hf.generation_config.forced_eos_token_id == (0 if forced else None)
-    p = Pair(Shape("tiny", "swish", forced), hf, Translator.load(str(tmp_path)), eos=0, pad=100)
+    p = Pair(Shape("tiny", "swish", forced), hf, CoreDecoder.load(str(tmp_path)), eos=0, pad=100)
     assert p.ours.forced_eos == forced
     gen = torch.Generator().manual_seed(3)
     sources = [torch.randint(2, 100, (int(n),), generator=gen).tolist() + [0] for n in torch.randint(1, 12, (12,))]

@@ -92,9 +92,9 @@ def test_cli_refuses_bf16_in_one_line_before_any_work_on_an_avx2_cpu(tmp_path, d
 
 @needs_avx2
 def test_int8_translates_on_an_avx2_cpu(demo_model_dir) -> None:
-    code = ("from raymt.workers.translator import Translator; from raymt.workers.speedups import EXACT, Int8Linear;"
+    code = ("from raymt.workers.core_decoder import CoreDecoder; from raymt.workers.speedups import EXACT, Int8Linear;"
             "from raymt.workers.config import SearchConfig; from dataclasses import replace;"
-            f"t = Translator.load({str(demo_model_dir)!r}, speedups=replace(EXACT, int8=True));"
+            f"t = CoreDecoder.load({str(demo_model_dir)!r}, speedups=replace(EXACT, int8=True));"
             "assert isinstance(t.checkpoint.model.vocab_head, Int8Linear);"
             "print(t.translate(['Ein Hund läuft über die Wiese.'], SearchConfig(beam_size=2))[0].text)")
     out = run_python(code, AVX2_ENV)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -30,7 +29,7 @@ from raymt.workers.engine import Engine, batch_schedule
 from raymt.workers.lang_tokenizer import load_language_tokenizer
 from raymt.workers.speedups import CpuSpeedups
 from raymt.workers.static_step import StaticStep
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
@@ -156,7 +155,7 @@ def hf_decode(hf_tok, ids, ours) -> str:
 
 def test_encoder_and_teacher_forced_logits_equal_hf(model_dir, source_lines):
     style, directory, hf, hf_tok = model_dir
-    ours = Translator.load(str(directory), speedups=PLAIN)
+    ours = CoreDecoder.load(str(directory), speedups=PLAIN)
     src_lang, _ = LANGS[style]
     hf_tok.src_lang = src_lang
     enc = hf_tok(source_lines, return_tensors="pt", padding=True)
@@ -179,7 +178,7 @@ def test_mixed_target_languages_match_hf_generate(model_dir, source_lines, beam,
     """One batch of sources of many lengths (padding) and mixed target languages, token-identical to
     HF generate run per target language; beam scores within 1e-4; both ways of ending occur."""
     style, directory, hf, hf_tok = model_dir
-    ours = Translator.load(str(directory), speedups=speedups)
+    ours = CoreDecoder.load(str(directory), speedups=speedups)
     src_lang, cycle = LANGS[style]
     targets = [cycle[i % len(cycle)] for i in range(len(source_lines))]
     cfg = SearchConfig(beam_size=beam, max_decoding_length=CAP, max_length_a=0.0, max_length_b=CAP)
@@ -204,7 +203,7 @@ def test_static_step_and_shortlist_keep_the_forced_first_token(model_dir, source
     """The one-shape step forces each row's language as the dynamic step does; a shortlist without the
     language ids still starts every translation with its row's language (forced rows ignore the logits)."""
     style, directory, _, _ = model_dir
-    tr = Translator.load(str(directory), speedups=PLAIN)
+    tr = CoreDecoder.load(str(directory), speedups=PLAIN)
     src_lang, cycle = LANGS[style]
     targets = [cycle[i % len(cycle)] for i in range(len(source_lines))]
     sources = tr.encode(source_lines, src_lang)
@@ -228,9 +227,9 @@ def test_lower_precision_agrees_with_float(model_dir, source_lines, lower):
     style, directory, _, _ = model_dir
     src_lang, cycle = LANGS[style]
     cfg = SearchConfig(beam_size=4, max_decoding_length=CAP, max_length_a=0.0, max_length_b=CAP)
-    ref = Translator.load(str(directory), speedups=PLAIN).translate(source_lines, cfg, source_lang=src_lang,
+    ref = CoreDecoder.load(str(directory), speedups=PLAIN).translate(source_lines, cfg, source_lang=src_lang,
                                                                      target_lang=cycle[0])
-    got = Translator.load(str(directory), speedups=lower).translate(
+    got = CoreDecoder.load(str(directory), speedups=lower).translate(
         source_lines, cfg, source_lang=src_lang, target_lang=cycle[0])
     same = sum(a.tokens == b.tokens for a, b in zip(ref, got))
     assert same >= 0.6 * len(ref), [(a.tokens, b.tokens) for a, b in zip(ref, got)]
@@ -238,7 +237,7 @@ def test_lower_precision_agrees_with_float(model_dir, source_lines, lower):
 
 def test_languages_are_required_and_checked(model_dir):
     style, directory, _, _ = model_dir
-    tr = Translator.load(str(directory), speedups=PLAIN)
+    tr = CoreDecoder.load(str(directory), speedups=PLAIN)
     src_lang, cycle = LANGS[style]
     with pytest.raises(ValueError, match="needs target_lang.*--target-lang"):
         tr.translate(["Ein Hund."], source_lang=src_lang)
@@ -289,14 +288,14 @@ def test_config_mapping_and_refusals():
 
 
 def test_public_api_takes_languages(model_dir, source_lines):
-    """``raymt.Translator`` (the job's row path) translates as ``workers.translator.Translator`` does."""
+    """``raymt.Translator`` (the job's row path) translates as ``workers.core_decoder.CoreDecoder`` does."""
     from raymt import Translator as Api
 
     style, directory, _, _ = model_dir
     src_lang, cycle = LANGS[style]
     targets = [cycle[i % len(cycle)] for i in range(len(source_lines))]
     api = Api.load(str(directory), search=SearchConfig(beam_size=2))
-    core = Translator.load(str(directory))
+    core = CoreDecoder.load(str(directory))
     want = [t.text for t in core.translate(source_lines, SearchConfig(beam_size=2), source_lang=src_lang,
                                            target_lang=targets)]
     assert api.translate(source_lines, source_lang=src_lang, target_lang=targets) == want
@@ -315,18 +314,18 @@ def test_position_table_keys_some_files_carry_are_skipped(model_dir, tmp_path):
     weights["model.encoder.embed_positions.weights"] = torch.zeros(66, 32)
     weights["model.decoder.embed_positions._float_tensor"] = torch.zeros(1)
     save_file(weights, str(copy / "model.safetensors"))
-    assert Translator.load(str(copy), speedups=PLAIN).checkpoint.multilingual
+    assert CoreDecoder.load(str(copy), speedups=PLAIN).checkpoint.multilingual
     weights["model.encoder.stray"] = torch.zeros(1)
     save_file(weights, str(copy / "model.safetensors"))
     with pytest.raises(UnsupportedCheckpoint, match="model.encoder.stray"):
-        Translator.load(str(copy), speedups=PLAIN)
+        CoreDecoder.load(str(copy), speedups=PLAIN)
 
 
 def test_nbest_scores_match_hf_with_a_length_penalty(model_dir, source_lines):
     """All 4 hypotheses of beam 4 (the forced language counted in the length, as HF counts it), lp 0.6."""
     style, directory, hf, hf_tok = model_dir
     src_lang, cycle = LANGS[style]
-    ours = Translator.load(str(directory), speedups=PLAIN)
+    ours = CoreDecoder.load(str(directory), speedups=PLAIN)
     cfg = SearchConfig(beam_size=4, num_hypotheses=4, length_penalty=0.6, max_decoding_length=CAP, max_length_a=0.0,
                        max_length_b=CAP)
     got = ours.translate(source_lines, cfg, source_lang=src_lang, target_lang=cycle[0])

@@ -28,12 +28,12 @@ import pytest
 import torch
 
 from raymt.pipeline.model_check import ModelError, check_model
-from raymt.pipeline.shortlists import load_table, shortlist_for
+from raymt.pipeline.shortlist_files import load_table, shortlist_for
 from raymt.workers.checkpoint import UnsupportedCheckpoint, local_reader
 from raymt.workers.config import SearchConfig
 from raymt.workers.marian_npz import MarianReader
 from raymt.workers.model_formats import ModelFormatError, open_model
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 from tests.conftest import ROOT, shared_path
 from tools.marian_export import export
 
@@ -56,13 +56,13 @@ def german() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def ours_npz(marian_dir) -> Translator:
-    return Translator.load(str(marian_dir))
+def ours_npz(marian_dir) -> CoreDecoder:
+    return CoreDecoder.load(str(marian_dir))
 
 
 @pytest.fixture(scope="module")
-def ours_hf(demo_model_dir) -> Translator:
-    return Translator.load(str(demo_model_dir))
+def ours_hf(demo_model_dir) -> CoreDecoder:
+    return CoreDecoder.load(str(demo_model_dir))
 
 
 def search(beam: int) -> SearchConfig:
@@ -87,7 +87,7 @@ def hf_generate(model, pad: int, sources: list[list[int]], beam: int) -> list[tu
     return rows
 
 
-def assert_generate_equal(hf_model, ours: Translator, german: list[str]) -> None:
+def assert_generate_equal(hf_model, ours: CoreDecoder, german: list[str]) -> None:
     sources = ours.encode(german)
     pad = ours.checkpoint.model.config.pad_token_id
     for beam in (1, 4):
@@ -140,8 +140,8 @@ def test_npz_weights_and_config_equal_the_hf_directory(demo_model_dir, marian_di
         export(str(demo_model_dir), str(directory), spm_vocab=True)
     reader = open_model(local_reader(str(directory)), str(directory))
     assert isinstance(reader, MarianReader)
-    ours = Translator.load(reader).checkpoint
-    theirs = Translator.load(str(demo_model_dir)).checkpoint
+    ours = CoreDecoder.load(reader).checkpoint
+    theirs = CoreDecoder.load(str(demo_model_dir)).checkpoint
     a, b = ours.model.state_dict(), theirs.model.state_dict()
     assert set(a) == set(b)
     for key in a:
@@ -185,7 +185,7 @@ def test_ctranslate2_directory_is_refused_in_one_line(tmp_path):
         "add_source_bos": False, "add_source_eos": False, "bos_token": "<s>", "decoder_start_token": "</s>",
         "eos_token": "</s>", "layer_norm_epsilon": None, "multi_query_attention": False, "unk_token": "<unk>"}))
     with pytest.raises(ModelFormatError) as err:
-        Translator.load(str(ct2))
+        CoreDecoder.load(str(ct2))
     assert one_line(str(err.value)).startswith(f"{ct2} is a CTranslate2 model directory (model.bin), a converted format")
     assert "pass the HF or Marian checkpoint it was converted from" in str(err.value)
     assert "Marian .npz directory" in str(err.value) and "NLLB/M2M100" in str(err.value)
@@ -198,7 +198,7 @@ def test_ctranslate2_directory_is_refused_in_one_line(tmp_path):
 def test_hub_id_gets_the_download_command(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ModelFormatError) as err:
-        Translator.load("Helsinki-NLP/opus-mt-de-en")
+        CoreDecoder.load("Helsinki-NLP/opus-mt-de-en")
     message = one_line(str(err.value))
     assert "huggingface-cli download Helsinki-NLP/opus-mt-de-en --local-dir models/opus-mt-de-en" in message
     assert "hf download Helsinki-NLP/opus-mt-de-en" in message
@@ -213,7 +213,7 @@ def test_unsupported_options_are_all_listed_at_once(demo_model_dir, tmp_path):
         "type": "s2s", "transformer-preprocess": "n", "transformer-postprocess": "da",
         "transformer-ffn-activation": "gelu", "transformer-decoder-autoreg": "average-attention"})
     with pytest.raises(UnsupportedCheckpoint) as err:
-        Translator.load(str(bad))
+        CoreDecoder.load(str(bad))
     reasons = [one_line(r) for r in err.value.reasons]
     assert reasons == [
         "type='s2s' (supported: 'transformer')",
@@ -236,7 +236,7 @@ def test_missing_vocabularies_and_parameters_are_all_listed(marian_dir, tmp_path
         arrays = {k: npz[k] for k in npz.files if k != "decoder_l2_context_Wq"}
     np.savez(broken / "model.npz", **arrays, Wpos=np.zeros((4, 4), np.float32))
     with pytest.raises(UnsupportedCheckpoint) as err:
-        Translator.load(str(broken))
+        CoreDecoder.load(str(broken))
     assert [one_line(r) for r in err.value.reasons] == ["vocabulary file vocab.yml missing"]
     shutil.copy(marian_dir / "vocab.yml", broken / "vocab.yml")
     (broken / "target.spm").unlink()
@@ -277,7 +277,7 @@ def test_marian_directory_lexical_shortlist_is_used_by_default(marian_dir, tmp_p
     main(["--in-process", "--model", str(with_lex), "--input", str(sample), "--output", str(out), "--beam-size", "2"])
     assert f"|shortlist:{with_lex}/lex.s2t:" in capsys.readouterr().out  # the job's signature names it
     assert out.read_text(encoding="utf-8").count("\n") == sample.read_text(encoding="utf-8").count("\n")
-    table = load_table(f"{with_lex}/lex.s2t", Translator.load(str(with_lex)).checkpoint.tokenizer)
+    table = load_table(f"{with_lex}/lex.s2t", CoreDecoder.load(str(with_lex)).checkpoint.tokenizer)
     assert table.frequent[:3] == [0, 1, 2] and 8000 not in table.frequent  # no .freq: Marian's first ids, <pad> aside
     assert shortlist_for("none", str(with_lex)) is None
     assert shortlist_for("other.s2t", str(with_lex)) == "other.s2t"
@@ -320,7 +320,7 @@ def test_other_embedding_layouts_decode_as_the_hf_directory(marian_dir, ours_hf,
     np.savez(variant / "model.npz", **arrays)
     reader = open_model(local_reader(str(variant)), str(variant))
     assert (reader("target_vocab.json") is not None) == (layout == "separate-vocabularies")
-    ours = Translator.load(reader)
+    ours = CoreDecoder.load(reader)
     cfg = search(2)
     assert [t.tokens for t in ours.translate(german, cfg)] == [t.tokens for t in ours_hf.translate(german, cfg)]
 
@@ -356,7 +356,7 @@ def opus_mt_pair(tmp_path_factory):
 def test_real_opus_mt_vocabulary_decodes_as_hf(opus_mt_pair):
     hf_model, marian = opus_mt_pair
     lines = shared_path("wmt22", "generaltest2022.de-en.ref.A.en").read_text(encoding="utf-8").splitlines()[:NUM_LINES]
-    ours = Translator.load(str(marian))
+    ours = CoreDecoder.load(str(marian))
     assert ours.checkpoint.tokenizer.source_vocab == \
         json.loads(shared_path("opus-mt-spm", "en-mg", "vocab.json").read_text(encoding="utf-8"))
     assert_generate_equal(hf_model, ours, lines)
@@ -368,4 +368,4 @@ def test_hf_converter_reads_the_real_opus_mt_layout(opus_mt_pair, tmp_path):
     shutil.copytree(opus_mt_pair[1], source)
     state = converter.OpusState(source)
     lines = shared_path("wmt22", "generaltest2022.de-en.ref.A.en").read_text(encoding="utf-8").splitlines()[:NUM_LINES]
-    assert_generate_equal(state.load_marian_model().eval(), Translator.load(str(opus_mt_pair[1])), lines)
+    assert_generate_equal(state.load_marian_model().eval(), CoreDecoder.load(str(opus_mt_pair[1])), lines)

@@ -11,11 +11,10 @@ import pytest
 import torch
 
 from raymt.workers.cache import KVCache
-from raymt.workers.native import load
 from raymt.workers.search import row_top_log_probs
 from raymt.workers.speedups import EXACT
 from raymt.workers.step_ops import ATEN, NativeOps, attend
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 NEG_INF = float("-inf")
 
@@ -51,7 +50,7 @@ def test_row_top_log_softmax_is_bit_equal_to_aten(ops, n: int, v: int, k: int, s
 
 
 def test_row_top_log_softmax_on_model_logits_and_ties(ops, demo_model_dir) -> None:
-    model = Translator.load(str(demo_model_dir), speedups=EXACT).checkpoint.model
+    model = CoreDecoder.load(str(demo_model_dir), speedups=EXACT).checkpoint.model
     hidden = torch.randn(64, model.config.d_model, generator=torch.Generator().manual_seed(1))
     logits = model.project(hidden).contiguous()
     pad = model.config.pad_token_id
@@ -182,8 +181,8 @@ def test_cross_attention_rows_of_one_sentence_share_a_pass(ops, d) -> None:
 def test_decoding_falls_back_to_aten_where_the_operators_cannot_be_built(tmp_path, demo_model_dir) -> None:
     probe = ("import logging, sys; logging.basicConfig(level=logging.WARNING)\n"
              "from raymt.workers.native import load\n"
-             "from raymt.workers.translator import Translator\n"
-             "t = Translator.load(sys.argv[1])\n"
+             "from raymt.workers.core_decoder import CoreDecoder\n"
+             "t = CoreDecoder.load(sys.argv[1])\n"
              "from raymt.workers.step_ops import ATEN\n"
              "assert load() is None and t.checkpoint.model.ops is ATEN\n"
              "print(t.translate(['Ein Hund läuft.'])[0].text)\n")
@@ -228,8 +227,8 @@ def test_native_and_aten_backends_step_alike(ops, demo_model_dir) -> None:
     and growth past the initial capacity."""
     from dataclasses import replace
 
-    aten = Translator.load(str(demo_model_dir), speedups=replace(EXACT, native=False))
-    fast = Translator.load(str(demo_model_dir), speedups=EXACT)
+    aten = CoreDecoder.load(str(demo_model_dir), speedups=replace(EXACT, native=False))
+    fast = CoreDecoder.load(str(demo_model_dir), speedups=EXACT)
     assert fast.checkpoint.model.ops is not ATEN and aten.checkpoint.model.ops is ATEN
     sources = aten.encode(["Ein Mann fährt Fahrrad.", "Zwei Kinder spielen im Garten am Haus.", "Hallo!"])
     k, pad = 3, aten.checkpoint.model.config.pad_token_id

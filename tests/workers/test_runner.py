@@ -21,7 +21,7 @@ from raymt.workers.runner import CacheNeed, DecodeRunner, bucket
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.speedups import CpuSpeedups
 from raymt.workers.static_step import StaticStep
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 CALLS = [  # the first batch holds the longest source: later ones fit its cache
     ["Ein Mann mit einem roten Hut fährt mit seinem Fahrrad über eine lange Brücke.", "Ein Hund läuft.",
@@ -52,7 +52,7 @@ def raising(error: Exception):
 
 @pytest.fixture(scope="module")
 def tr(demo_model_dir):
-    return Translator.load(str(demo_model_dir), max_batch_size=4)
+    return CoreDecoder.load(str(demo_model_dir), max_batch_size=4)
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +67,12 @@ def tokens(hyps) -> list:
     return [[h.tokens for h in x] for x in hyps]
 
 
-def decode_calls(tr: Translator, **kwargs) -> list:
+def decode_calls(tr: CoreDecoder, **kwargs) -> list:
     return [tokens(tr.decode_ids(sorted(tr.encode(texts), key=len), CFG, **kwargs).hypotheses) for texts in CALLS]
 
 
 def test_one_runner_serves_every_call_with_one_cache(demo_model_dir, expected):
-    tr = Translator.load(str(demo_model_dir), max_batch_size=4)
+    tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=4)
     got = decode_calls(tr)  # three calls, batches of 4, 4 and 1, 4
     runner = tr.runner
     assert got == expected
@@ -87,7 +87,7 @@ def test_one_runner_serves_every_call_with_one_cache(demo_model_dir, expected):
 
 
 def test_the_static_step_is_captured_once_per_bucket_across_calls(demo_model_dir, expected):
-    tr = Translator.load(str(demo_model_dir), max_batch_size=4)
+    tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=4)
     tr._runner = DecodeRunner(tr.checkpoint.model, capture=Rerun)  # graphs on the CPU: counted, replayed
     got = decode_calls(tr, static=StaticStep())
     assert got == expected
@@ -99,7 +99,7 @@ def test_the_static_step_is_captured_once_per_bucket_across_calls(demo_model_dir
 
 
 def test_a_failed_capture_decodes_eagerly_with_one_warning(demo_model_dir, expected, caplog):
-    tr = Translator.load(str(demo_model_dir), max_batch_size=4)
+    tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=4)
     tr._runner = DecodeRunner(tr.checkpoint.model, capture=raising(RuntimeError("operation not permitted when "
                                                                                  "stream is capturing")))
     with caplog.at_level(logging.WARNING, logger="raymt.workers.graphs"):
@@ -135,7 +135,7 @@ def test_warm_up_and_capture_run_on_one_stream_and_replays_follow(monkeypatch):
 
 
 def test_out_of_memory_capturing_names_the_slots_tried_and_shrinks_the_bucket(demo_model_dir, expected):
-    tr = Translator.load(str(demo_model_dir), max_batch_size=4)
+    tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=4)
     fits = {"slots": 2}
 
     def capture(step, stream, pool):  # a device where a graph of more than 2 slots does not fit
@@ -155,7 +155,7 @@ def test_out_of_memory_capturing_names_the_slots_tried_and_shrinks_the_bucket(de
 
 
 def test_out_of_memory_sizing_the_cache_halves_the_slots(demo_model_dir, expected, monkeypatch, caplog):
-    tr = Translator.load(str(demo_model_dir), max_batch_size=4)
+    tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=4)
     model, tried = tr.checkpoint.model, []
     real = model.new_cache
 
@@ -183,7 +183,7 @@ def test_closing_frees_the_cache_without_a_garbage_collection(demo_model_dir, st
     gc.collect()
     gc.disable()
     try:
-        tr = Translator.load(str(demo_model_dir), max_batch_size=4)
+        tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=4)
         tr.decode_ids(tr.encode(CALLS[1]), CFG, static=StaticStep() if static else None)
         cache, state = weakref.ref(tr.runner.cache), weakref.ref(tr.runner.state)
         tr.close()
@@ -199,7 +199,7 @@ def test_closing_frees_the_cache_without_a_garbage_collection(demo_model_dir, st
 
 
 def test_every_tensor_the_runner_makes_is_on_its_device(demo_model_dir):
-    model = Translator.load(str(demo_model_dir), device="meta").checkpoint.model
+    model = CoreDecoder.load(str(demo_model_dir), device="meta").checkpoint.model
     runner = DecodeRunner(model, capture=Rerun)
     with torch.device("cpu"):  # anything created without device= would land here, not on meta
         slots = runner.reserve(CacheNeed(4, 3, 9, 13, static=True), pad=model.config.pad_token_id)
@@ -282,7 +282,7 @@ def test_same_size_shortlists_share_one_graph_and_each_call_reads_its_own_head(d
     copies its own shortlist. ``Rerun`` replays the capturing call's step (as a CUDA graph replays
     its kernels): were the head that call's own, the second call would decode over the first's.
     (No CPU rewrites, as on a GPU: a shortlist head is plain tensors, not a packed module.)"""
-    tr = Translator.load(str(demo_model_dir), max_batch_size=4, speedups=CpuSpeedups())
+    tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=4, speedups=CpuSpeedups())
     model, sources = tr.checkpoint.model, sorted(tr.encode(CALLS[1]), key=len)
     first, second = (shortlist(tr.special_target_ids(), start, 400) for start in (2, 150))
     assert first.shape == second.shape and not torch.equal(first, second)
@@ -322,7 +322,7 @@ def test_a_reallocation_drops_graphs_and_hands_memory_back_before_allocating(dem
     from raymt.workers import runner as runner_module
     from raymt.workers.beams import SlotState
 
-    tr = Translator.load(str(demo_model_dir), max_batch_size=4)
+    tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=4)
     runner = tr._runner = DecodeRunner(tr.checkpoint.model, capture=Rerun)
     tr.decode_ids(tr.encode(CALLS[1]), CFG, static=StaticStep())
     assert runner._graphs and runner._static and runner.counts.captures == 1
@@ -379,7 +379,7 @@ def test_the_slot_estimate_counts_the_source_positions_the_cache_allocates(demo_
     from raymt.workers import graphs, translator as translator_module
     from raymt.workers.runner import source_capacity
 
-    tr = Translator.load(str(demo_model_dir), max_batch_size=4)
+    tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=4)
     sources, estimated = sorted(tr.encode(CALLS[1]), key=len), []
     real = translator_module.bytes_per_sentence
     monkeypatch.setattr(graphs, "free_memory", lambda device: 2**40)

@@ -17,7 +17,7 @@ from raymt.workers.sampling import draw, sample_candidates, sentence_key, unifor
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.search import RowTop
 from raymt.workers.speedups import CpuSpeedups
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 
 TEXTS = ["Ein Hund rennt über die Wiese.", "Zwei Männer spielen Fußball im Park.", "Eine Frau liest ein Buch.",
          "Ein kleines Mädchen klettert in ein Spielhaus aus Holz.", "Ein Mann schläft.", "Leute stehen vor einem Gebäude."]
@@ -26,7 +26,7 @@ TOPUP = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2)
 
 @pytest.fixture(scope="module")
 def translator(demo_model_dir, one_thread):
-    return Translator.load(str(demo_model_dir), max_batch_size=3)
+    return CoreDecoder.load(str(demo_model_dir), max_batch_size=3)
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def test_a_sentences_samples_do_not_depend_on_its_neighbours_or_the_step(transla
 def test_sampling_runs_on_the_int8_kernels(demo_model_dir, one_thread):
     """int8 quantises each step's activations per batch, so its outputs (beam search's too) may move
     with a sentence's neighbours; within the same batches top-k 1 is its greedy decode."""
-    int8 = Translator.load(str(demo_model_dir), speedups=CpuSpeedups(int8=True))
+    int8 = CoreDecoder.load(str(demo_model_dir), speedups=CpuSpeedups(int8=True))
     src = int8.encode(TEXTS)
     greedy = decode(int8, src, SearchConfig(beam_size=1))
     top1 = decode(int8, src, SearchConfig(beam_size=1, sampling=SamplingConfig(topk=1, seed=5)))

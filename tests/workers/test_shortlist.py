@@ -135,9 +135,9 @@ def test_language_shortlists_pick_each_batch_s_tables_by_its_rows_languages() ->
 
 
 def nllb_translations(nllb_dir, shortlist, langs):
-    from raymt.workers.translator import Translator
+    from raymt.workers.core_decoder import CoreDecoder
     from tests.conftest import shared_path
-    tr = Translator.load(str(nllb_dir))
+    tr = CoreDecoder.load(str(nllb_dir))
     lines = shared_path("multi30k", "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:8]
     targets = [langs[i % 2] for i in range(len(lines))]
     return tr, targets, tr.translate(lines, SearchConfig(beam_size=3), shortlist(tr) if shortlist else None,

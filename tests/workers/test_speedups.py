@@ -18,14 +18,14 @@ from raymt.workers.isa import IsaUnsupported, detect as detect_isa
 from raymt.workers.search import row_top_log_probs
 from raymt.workers.shortlist import LexicalTable, Shortlist
 from raymt.workers.speedups import EXACT, CpuSpeedups, Int8Linear, PackedLinear, amx_int8, onednn_available, small_work
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 from tests.pipeline.ray_helpers import clean_corpus
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear kernels")
 needs_bf16 = pytest.mark.skipif(not detect_isa().bf16, reason=f"no bf16 GEMMs on this CPU: {detect_isa().describe()}")
 
 
-def texts_of(translator: Translator, texts: list[str], cfg: SearchConfig, shortlist=None) -> list[str]:
+def texts_of(translator: CoreDecoder, texts: list[str], cfg: SearchConfig, shortlist=None) -> list[str]:
     return [t.text for t in translator.translate(texts, cfg, shortlist)]
 
 
@@ -109,9 +109,9 @@ def test_packed_linear_takes_the_small_kernel_for_few_rows(native_kernels) -> No
 @needs_onednn
 def test_exact_speedups_keep_outputs_and_int8_stays_close(demo_model_dir) -> None:
     texts, cfg = clean_corpus(24), SearchConfig(beam_size=3)
-    plain = Translator.load(str(demo_model_dir), speedups=CpuSpeedups())
+    plain = CoreDecoder.load(str(demo_model_dir), speedups=CpuSpeedups())
     exact = texts_of(plain, texts, cfg)
-    fast = Translator.load(str(demo_model_dir))  # the default: EXACT
+    fast = CoreDecoder.load(str(demo_model_dir))  # the default: EXACT
     model = fast.checkpoint.model
     assert EXACT.fused_qkv and EXACT.onednn and not EXACT.int8
     assert model.model.decoder.layers[0].self_attn.qkv_proj is not None
@@ -129,7 +129,7 @@ def test_exact_speedups_keep_outputs_and_int8_stays_close(demo_model_dir) -> Non
     src = fast.encode(texts[:4])
     torch.testing.assert_close(torch.tensor([sum(x) for x in fast.score_ids(src, [[5, 6, 0]] * 4)]),
                                torch.tensor([sum(x) for x in plain.score_ids(src, [[5, 6, 0]] * 4)]), atol=1e-4, rtol=0)
-    int8 = Translator.load(str(demo_model_dir), speedups=CpuSpeedups(fused_qkv=True, onednn=True, int8=True))
+    int8 = CoreDecoder.load(str(demo_model_dir), speedups=CpuSpeedups(fused_qkv=True, onednn=True, int8=True))
     assert isinstance(int8.checkpoint.model.model.decoder.layers[0].fc1, Int8Linear)  # quantised, lean call
     assert sacrebleu.corpus_bleu(texts_of(int8, texts, cfg), [exact]).score > 60  # quantisation noise only
 
@@ -208,8 +208,8 @@ def test_int8_linear_takes_the_amx_kernels_only_for_large_products() -> None:
 @needs_bf16
 def test_bf16_translates_close_to_float32_with_and_without_a_shortlist(demo_model_dir) -> None:
     texts, cfg = clean_corpus(24), SearchConfig(beam_size=3)
-    exact = Translator.load(str(demo_model_dir))
-    bf16 = Translator.load(str(demo_model_dir), speedups=replace(EXACT, bf16=True))
+    exact = CoreDecoder.load(str(demo_model_dir))
+    bf16 = CoreDecoder.load(str(demo_model_dir), speedups=replace(EXACT, bf16=True))
     model = bf16.checkpoint.model
     assert model.lm_head.weight.dtype == torch.bfloat16 and isinstance(model.model.decoder.layers[0].fc1, PackedLinear)
     assert sacrebleu.corpus_bleu(texts_of(bf16, texts, cfg), [texts_of(exact, texts, cfg)]).score > 60
@@ -231,15 +231,15 @@ def test_precisions_are_alternatives() -> None:
 @pytest.mark.skipif(detect_isa().bf16, reason="this CPU has bf16 GEMMs (the refusal is tested under AVX2 emulation)")
 def test_bf16_is_refused_before_loading_where_the_cpu_has_no_bf16_gemms(demo_model_dir) -> None:
     with pytest.raises(IsaUnsupported, match="--bf16 needs a CPU with bfloat16 GEMMs"):
-        Translator.load(str(demo_model_dir), speedups=replace(EXACT, bf16=True))
+        CoreDecoder.load(str(demo_model_dir), speedups=replace(EXACT, bf16=True))
 
 
 def test_fp16_translates_close_to_float32_with_float32_scores(demo_model_dir) -> None:
     """float16 (the GPU dtype where bf16 is missing) on the CPU: ATen's kernels, no oneDNN packing;
     log-probs and scores stay float32, so hypotheses score as float32 sums."""
     texts, cfg = clean_corpus(24), SearchConfig(beam_size=3)
-    exact = Translator.load(str(demo_model_dir))
-    fp16 = Translator.load(str(demo_model_dir), speedups=replace(EXACT, fp16=True))
+    exact = CoreDecoder.load(str(demo_model_dir))
+    fp16 = CoreDecoder.load(str(demo_model_dir), speedups=replace(EXACT, fp16=True))
     model = fp16.checkpoint.model
     assert model.lm_head.weight.dtype == torch.float16 and type(model.model.decoder.layers[0].fc1) is torch.nn.Linear
     assert sacrebleu.corpus_bleu(texts_of(fp16, texts, cfg), [texts_of(exact, texts, cfg)]).score > 60

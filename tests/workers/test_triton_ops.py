@@ -164,8 +164,8 @@ def test_rows_with_fewer_candidates_than_k_fill_with_minus_infinity():
 def test_a_decode_with_the_fused_output_step_equals_atens(demo_model_dir, beam, shortlisted):
     from raymt.workers.config import SearchConfig
     from raymt.workers.shortlist import LexicalTable, Shortlist
-    from raymt.workers.translator import Translator
-    translator = Translator.load(str(demo_model_dir), device=DEVICE)
+    from raymt.workers.core_decoder import CoreDecoder
+    translator = CoreDecoder.load(str(demo_model_dir), device=DEVICE)
     model = translator.checkpoint.model
     shortlist = None
     if shortlisted:  # candidate columns: the head gathers output-layer rows, the kernel maps columns back
@@ -189,8 +189,8 @@ def test_the_static_step_with_the_fused_output_step_decodes_as_atens_dynamic_one
     from raymt.workers.config import SearchConfig
     from raymt.workers.engine import StaticStep
     from raymt.workers.scheduler import Policy, SchedulerConfig
-    from raymt.workers.translator import Translator
-    translator = Translator.load(str(demo_model_dir), device=DEVICE)
+    from raymt.workers.core_decoder import CoreDecoder
+    translator = CoreDecoder.load(str(demo_model_dir), device=DEVICE)
     decoder = translator.checkpoint.model.model.decoder
     sources = translator.encode(["Ein Hund rennt über die Wiese.", "Eine Frau liest.", "Zwei Männer."])
     cfg = SearchConfig(beam_size=2, num_hypotheses=2, max_length_a=0.0, max_length_b=6)
@@ -259,7 +259,7 @@ def test_the_triton_attention_never_reads_an_unwritten_position(demo_model_dir, 
     from raymt.workers.config import SearchConfig
     from raymt.workers.engine import StaticStep
     from raymt.workers.scheduler import Policy, SchedulerConfig
-    from raymt.workers.translator import Translator
+    from raymt.workers.core_decoder import CoreDecoder
 
     empty, made = KVCache.empty.__func__, []
 
@@ -271,7 +271,7 @@ def test_the_triton_attention_never_reads_an_unwritten_position(demo_model_dir, 
         made.append(cache.zeroed)
         return cache
 
-    translator = Translator.load(str(demo_model_dir), device=DEVICE)
+    translator = CoreDecoder.load(str(demo_model_dir), device=DEVICE)
     decoder = translator.checkpoint.model.model.decoder
     sources = translator.encode(["Ein Hund rennt über die Wiese.", "Eine Frau liest.", "Zwei Männer.", "Ein Kind."])
     cfg = SearchConfig(beam_size=3, num_hypotheses=2)
@@ -306,13 +306,13 @@ def test_the_static_step_with_the_triton_kernels_is_safe_to_replay(demo_model_di
     from raymt.workers.engine import StaticStep
     from raymt.workers.scheduler import Policy, SchedulerConfig
     from raymt.workers.speedups import CpuSpeedups
-    from raymt.workers.translator import Translator
+    from raymt.workers.core_decoder import CoreDecoder
 
     class OnDevice(triton_ops.TritonOps):
         def may_any(self, mask: torch.Tensor) -> bool:  # (as on a GPU: the device is never read mid-step)
             return True
 
-    translator = Translator.load(str(demo_model_dir), device=DEVICE, speedups=CpuSpeedups())
+    translator = CoreDecoder.load(str(demo_model_dir), device=DEVICE, speedups=CpuSpeedups())
     translator.checkpoint.model.model.decoder.ops = OnDevice()
     sources = translator.encode(["Ein Hund rennt über die Wiese.", "Eine Frau liest.", "Zwei Männer.", "Ein Kind.",
                                  "Zwei Hunde spielen im Schnee."])

@@ -8,7 +8,7 @@ import torch
 from raymt.workers.config import SearchConfig
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.shortlist import LexicalTable, Shortlist
-from raymt.workers.translator import Translator
+from raymt.workers.core_decoder import CoreDecoder
 from raymt.workers.tuning import BatchTuner, TunerConfig, bytes_per_sentence, fit_slots
 
 
@@ -68,13 +68,13 @@ def test_slots_fit_half_the_free_memory() -> None:
 
 
 def test_a_gpu_decode_fits_its_slots_to_free_memory_with_the_same_output(demo_model_dir, monkeypatch) -> None:
-    """``Translator._fit_to_memory`` (called on a CUDA device only; here on the CPU with the CUDA
+    """``CoreDecoder._fit_to_memory`` (called on a CUDA device only; here on the CPU with the CUDA
     query answered): the slots shrink to what fits, sized by the call's longest sentence (its source
     at the cache's rounded capacity)."""
     from raymt.workers import graphs
     from raymt.workers.runner import source_capacity
 
-    tr = Translator.load(str(demo_model_dir))
+    tr = CoreDecoder.load(str(demo_model_dir))
     texts = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch.",
              "Kinder spielen im Park.", "Ein Mann fährt Fahrrad.", "Eine Katze schläft."]
     sources, cfg = tr.encode(texts), SearchConfig(beam_size=3)
@@ -98,8 +98,8 @@ def test_batch_out_of_memory_is_split_and_retried_with_identical_output(demo_mod
     texts = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch.",
              "Kinder spielen im Park.", "Ein Mann fährt Fahrrad.", "Eine Katze schläft."]
     cfg = SearchConfig(beam_size=3)
-    expected = [t.text for t in Translator.load(str(demo_model_dir), max_batch_size=2).translate(texts, cfg)]
-    real = Translator._search
+    expected = [t.text for t in CoreDecoder.load(str(demo_model_dir), max_batch_size=2).translate(texts, cfg)]
+    real = CoreDecoder._search
     seen = []
 
     def limited(self, sources, *args, **kwargs):  # a device that holds at most 2 sentences
@@ -108,8 +108,8 @@ def test_batch_out_of_memory_is_split_and_retried_with_identical_output(demo_mod
             raise torch.OutOfMemoryError("injected: batch too large")
         return real(self, sources, *args, **kwargs)
 
-    monkeypatch.setattr(Translator, "_search", limited)
-    tr = Translator.load(str(demo_model_dir), max_batch_size=6)
+    monkeypatch.setattr(CoreDecoder, "_search", limited)
+    tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=6)
     tuner = tr.tune_batches(cfg, TunerConfig(start=6, pairs=1))
     assert [t.text for t in tr.translate(texts, cfg)] == expected
     assert seen[:3] == [6, 3, 1] and tuner.cap == 1  # 6 -> halves of 3 -> 1 + 2; the cap follows the failures
@@ -120,13 +120,13 @@ def test_streaming_out_of_memory_falls_back_to_batches_with_identical_output(dem
     texts = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch.",
              "Kinder spielen im Park.", "Ein Mann fährt Fahrrad."]
     cfg, topup = SearchConfig(beam_size=3), SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=4)
-    tr = Translator.load(str(demo_model_dir), max_batch_size=2)
+    tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=2)
     expected = [t.text for t in tr.translate(texts, cfg, batching=topup)]
 
     def full(*args, **kwargs):  # the streaming engine's slots do not fit
         raise torch.OutOfMemoryError("injected: slots too large")
 
-    monkeypatch.setattr(Translator, "_stream", full)
+    monkeypatch.setattr(CoreDecoder, "_stream", full)
     with caplog.at_level("WARNING"):
         assert [t.text for t in tr.translate(texts, cfg, batching=topup)] == expected
     assert "decoding them in batches instead" in caplog.text
@@ -140,7 +140,7 @@ def test_a_single_sentence_that_does_not_fit_is_an_error_not_a_loop(demo_model_d
     def full(*args, **kwargs):
         raise torch.OutOfMemoryError("injected: nothing fits")
 
-    monkeypatch.setattr(Translator, "_search", full)
-    tr = Translator.load(str(demo_model_dir), max_batch_size=4)
+    monkeypatch.setattr(CoreDecoder, "_search", full)
+    tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=4)
     with pytest.raises(torch.OutOfMemoryError):
         tr.translate(["Ein Hund.", "Eine Katze.", "Ein Mann.", "Eine Frau."], SearchConfig(beam_size=2))

@@ -1,4 +1,4 @@
-"""In-process ``Translator``: a checkpoint + search config -> translations of a list of strings.
+"""In-process ``CoreDecoder``: a checkpoint + search config -> translations of a list of strings.
 
 Sentences are sorted by length and decoded in batches of ``max_batch_size``; results come back
 in input order. Empty input gives an empty translation without running the model.
@@ -47,7 +47,7 @@ class Decoded:
 
 
 @dataclass
-class Translator:
+class CoreDecoder:
     checkpoint: Checkpoint
     max_batch_size: int = DEFAULTS.batching.max_batch_size
     sort_by_length: bool = True  # streaming: feed sources sorted by length (bucketing) or as given
@@ -59,7 +59,7 @@ class Translator:
 
     @classmethod
     def load(cls, model: str | Reader, *, threads: int | None = None, max_batch_size: int = DEFAULTS.batching.max_batch_size,
-             speedups: CpuSpeedups = EXACT, device: torch.device | str = "cpu") -> "Translator":
+             speedups: CpuSpeedups = EXACT, device: torch.device | str = "cpu") -> "CoreDecoder":
         """``model``: a local directory, or a reader (e.g. ``raymt.pipeline.storage.model_reader(url)``).
         ``speedups``: the CPU rewrites (``workers/speedups.py``); the default keeps float32 outputs.
         ``device``: where the weights live and every decode tensor is created; the CPU rewrites
