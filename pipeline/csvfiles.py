@@ -33,7 +33,8 @@ import pyarrow.csv as pacsv
 from raymt.pipeline.formats import missing_id
 from raymt.pipeline.textfiles import TextLayout, UnreadableText, check_text, open_lines
 from raymt.pipeline.errors import InputError
-from raymt.pipeline.workunit import Columns, InputChanged, UnitRows, WorkUnit, check_content
+from raymt.pipeline.workunit import Columns, FilePlan, InputChanged, InputFormat, UnitRows, WorkUnit, check_content
+from raymt.pipeline.writers import output_name
 
 CSV_BLOCK = 1 << 22  # bytes pyarrow parses at a time
 MAX_CSV_BLOCK = 1 << 30  # the longest record read (the block grows 4x at a time up to it)
@@ -243,3 +244,16 @@ def read_csv_others(unit: WorkUnit, columns: Columns) -> pa.Table | None:
     if not others:
         return None
     return pa.table({n: pa.array(strings(table.column(n)), pa.string()) for n in others})
+
+
+def plan_csv_file(url: str, columns: Columns, unit_rows: int | None) -> FilePlan:
+    return FilePlan(*plan_csv(url, columns, unit_rows))
+
+
+def csv_others(unit: WorkUnit, columns: Columns) -> pa.Table | None:
+    """The columns the job does not read, under their output names."""
+    table = read_csv_others(unit, columns)
+    return None if table is None else table.rename_columns([output_name(n) for n in table.column_names])
+
+
+CSV = InputFormat("csv", plan_csv_file, read_csv_unit, csv_others, relayout=csv_layout)

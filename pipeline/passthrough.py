@@ -16,45 +16,18 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from raymt.pipeline.csvfiles import read_csv_others
-from raymt.pipeline.formats import input_kind, parse_jsonl
-from raymt.pipeline.units import Columns, WorkUnit, check_pinned, read_parquet_rows, read_unit_lines
-from raymt.pipeline.writers import EXTRA_OUTPUTS, INPUT_JSON, PART_COLUMNS
-
-RESERVED = {*PART_COLUMNS, *EXTRA_OUTPUTS, INPUT_JSON, "length_ratio", "filters", "keep"}  # distillation's too
-
-
-def output_name(name: str) -> str:
-    """The output's name for an input column: itself, or ``input_<name>`` where the output has one."""
-    while name in RESERVED:
-        name = f"input_{name}"
-    return name
+from raymt.pipeline.input_formats import input_format
+from raymt.pipeline.units import Columns, WorkUnit, check_pinned
+from raymt.pipeline.writers import RESERVED, output_name  # noqa: F401 - (re-exported)
 
 
 def read_passthrough(unit: WorkUnit, columns: Columns) -> pa.Table | None:
-    """The unit's other input columns, row for row (None: the input has none)."""
+    """The unit's other input columns, row for row, under their output names (None: the input has
+    none): the unit's format's ``others`` (``pipeline/input_formats.py``), the file pinned around it."""
     check_pinned(unit.path, unit.size, unit.version)
-    kind = input_kind(unit.path)
-    if kind == "parquet":
-        table = _parquet_columns(unit, columns)
-    elif kind == "csv":
-        table = read_csv_others(unit, columns)
-        table = table.rename_columns([output_name(n) for n in table.column_names]) if table is not None else None
-    elif kind == "jsonl":
-        fields = [parse_jsonl(line, columns.text, columns.id).fields for line in read_unit_lines(unit)]
-        table = pa.table({INPUT_JSON: pa.array(fields, pa.string())}) if any(fields) else None
-    else:
-        return None
+    table = input_format(unit.path).others(unit, columns)
     check_pinned(unit.path, unit.size, unit.version, "while a unit was read from it")
     return table
-
-
-def _parquet_columns(unit: WorkUnit, columns: Columns) -> pa.Table | None:
-    used = {columns.text, unit.id_column, columns.reference}
-    table = read_parquet_rows(unit, lambda names: [n for n in names if n not in used])
-    if table is None:
-        return None
-    return table.rename_columns([output_name(n) for n in table.column_names])
 
 
 def with_passthrough(part: pa.Table, extra: pa.Table | None) -> pa.Table:

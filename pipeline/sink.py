@@ -45,7 +45,7 @@ from raymt.pipeline.lease import LEASE, LOCK, Fence
 from raymt.pipeline.ledger import PLAN, PlanRecord
 from raymt.pipeline.records import JobSummary, UnitMarker
 from raymt.pipeline.storage import on_disk, open_whole, put_whole, retrying, storage_options
-from raymt.pipeline.writers import lines_of
+from raymt.pipeline.writers import lines_of, part_columns
 
 OUTPUT_SCHEMA = pa.schema([
     ("id", pa.string()),
@@ -342,10 +342,8 @@ def assemble(store: OutputStore, url: str, fmt: OutputFormat | None = None) -> N
                     for part in store.parts():
                         writer.write_table(_widened(part, schema))
                 return
-            columns = None if fmt.kind == "jsonl" else ["row", "source", "translation"] + (
-                ["nbest"] if fmt.nbest > 1 else [])
             with compressed_writer(f, fmt.compression) as out:
-                for part in store.parts(columns):
+                for part in store.parts(part_columns(fmt)):
                     out.write(lines_of(part, fmt).encode())
     except OSError as e:
         if stop := stop_for(e, f"assembling {url}"):

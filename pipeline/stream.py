@@ -21,13 +21,16 @@ from typing import IO, Callable, Iterable, Iterator
 import fsspec
 
 from raymt.pipeline.actors import EncoderWorker, decoded_table, piece_targets
-from raymt.pipeline.formats import OutputFormat, input_kind, output_format
+from raymt.pipeline.formats import OutputFormat, output_format
+from raymt.pipeline.input_formats import input_format
+from raymt.pipeline.line_inputs import TEXT
 from raymt.pipeline.settings import DecoderSettings
 from raymt.pipeline.sink import compressed_writer
 from raymt.pipeline.loading import load_decoder
 from raymt.pipeline.storage import open_whole, storage_options
 from raymt.pipeline.textfiles import open_lines
-from raymt.pipeline.units import Columns, InputError, WorkUnit, line_rows
+from raymt.pipeline.units import Columns, InputError, WorkUnit
+from raymt.pipeline.workunit import InputFormat
 from raymt.pipeline.writers import lines_of
 
 logger = logging.getLogger(__name__)
@@ -41,15 +44,16 @@ class StreamResult:
     statuses: dict[str, int] = field(default_factory=dict)
 
 
-def stream_kind(url: str) -> str:
-    """The line format of the stream's file side (``-``: plain text)."""
+def stream_format(url: str) -> InputFormat:
+    """The line format of the stream's file side (``-``: plain text); a format that is not read line
+    by line (Parquet, CSV) is refused."""
     if url == STDIO:
-        return "text"
-    kind = input_kind(url)
-    if kind in ("parquet", "csv"):
-        raise InputError(f"{url}: a {'Parquet' if kind == 'parquet' else 'CSV'} input is translated by the job, not "
-                         f"as a stream; name an --output file or directory instead of '-'")
-    return kind
+        return TEXT
+    fmt = input_format(url)
+    if fmt.from_lines is None:
+        raise InputError(f"{url}: a {'Parquet' if fmt.name == 'parquet' else fmt.name.upper()} input is translated by "
+                         f"the job, not as a stream; name an --output file or directory instead of '-'")
+    return fmt
 
 
 def batches(lines: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
@@ -77,11 +81,11 @@ class StreamTranslator:
         if not columns.target_lang:  # (a missing or unknown language: one line, here)
             self.translator.forced_first(settings.target_lang, 1)
 
-    def lines(self, batch: list[bytes], offset: int, kind: str, result: StreamResult) -> str:
+    def lines(self, batch: list[bytes], offset: int, fmt: InputFormat, result: StreamResult) -> str:
         """The output lines of input lines ``offset:offset + len(batch)`` (rows numbered from ``offset``)."""
-        unit = WorkUnit(f"stream-{offset}", f"stream.{'txt' if kind == 'text' else kind}", offset, offset + len(batch),
-                        offset, None)
-        enc = self.encoder.encode_rows(unit, line_rows(unit, self.columns, batch, list(range(offset, offset + len(batch)))))
+        unit = WorkUnit(f"stream-{offset}", f"stream.{'txt' if fmt.name == 'text' else fmt.name}", offset,
+                        offset + len(batch), offset, None)
+        enc = self.encoder.encode_rows(unit, fmt.from_lines(batch, self.columns, list(range(offset, offset + len(batch)))))
         s = self.settings
         decoded = self.translator.decode_ids(enc.pieces, s.decode.search, self.shortlist, s.decode.batching.schedule,
                                              static=s.decode.batching.static,
@@ -98,7 +102,7 @@ class StreamTranslator:
 def translate_stream(input_url: str, output_url: str, settings: DecoderSettings, columns: Columns, *,
                      stdin: IO[bytes], stdout: IO[bytes], batch_rows: int = 64) -> StreamResult:
     """Translate ``input_url`` (``-``: ``stdin``) into ``output_url`` (``-``: ``stdout``, flushed per batch)."""
-    kind = stream_kind(input_url)
+    source = stream_format(input_url)
     nbest = settings.decode.search.num_hypotheses
     fmt = OutputFormat("text", nbest=nbest, text_name=columns.text) if output_url == STDIO \
         else output_format(output_url, nbest, columns.text)
@@ -109,7 +113,7 @@ def translate_stream(input_url: str, output_url: str, settings: DecoderSettings,
 
     def run(lines: Iterable[bytes], write: Callable[[bytes], None]) -> None:
         for batch in batches(lines, batch_rows):
-            write(worker.lines(batch, result.rows, kind, result).encode())
+            write(worker.lines(batch, result.rows, source, result).encode())
 
     def to_output(lines: Iterable[bytes]) -> None:
         if output_url == STDIO:

@@ -1,8 +1,16 @@
 """A work unit and what reading one gives: the types the planner (``pipeline/units.py``) and the
-per-format readers (``pipeline/csvfiles.py``) share, and the content check every read makes."""
+input formats (``pipeline/input_formats.py``) share, what a format provides (``InputFormat``), and the
+content check every read makes."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from raymt.pipeline.textfiles import TextLayout
 
 from raymt.pipeline.errors import InputError, JobStopped
 from raymt.pipeline.formats import input_kind
@@ -47,6 +55,44 @@ class UnitRows:
     fields: list[str | None] | None = None  # per row: a JSONL line's other fields (a JSON object's text)
     source_langs: list[str | None] | None = None  # per row: its source language (``Columns.source_lang``)
     target_langs: list[str | None] | None = None  # per row: its target language (``Columns.target_lang``)
+
+
+@dataclass(frozen=True, slots=True)
+class FilePlan:
+    """What planning one input file found: its rows, the id column to read (None: row numbers), and
+    its ``layout``: a line layout (each unit's byte range and checksum, ``TextLayout``; checksums None
+    until the unit size is known) or a Parquet footer's checksum."""
+
+    rows: int
+    id_column: str | None
+    layout: TextLayout | str
+
+
+@dataclass(frozen=True)
+class InputFormat:
+    """One input format, registered by file name (``pipeline/input_formats.py``):
+
+    * ``plan(path, columns, unit_rows)``: check the file against the column flags and count its rows
+      (``unit_rows``: the unit size when known, else None and ``relayout`` cuts it once it is);
+    * ``read(unit, columns, rows)``: a unit's rows (``rows``: their global numbers), pinned content checked;
+    * ``others(unit, columns)``: the unit's other input columns, already under their output names
+      (None: the format or file has none);
+    * ``from_lines(lines, columns, rows)``: rows of raw lines (line formats: what standard input streams);
+    * ``relayout(path, unit_rows)``: a line layout once the unit size is known (line and CSV files)."""
+
+    name: str
+    plan: Callable[[str, Columns, int | None], FilePlan]
+    read: Callable[[WorkUnit, Columns, list[int]], UnitRows]
+    others: Callable[[WorkUnit, Columns], pa.Table | None]
+    from_lines: Callable[[list[bytes], Columns, list[int]], UnitRows] | None = None
+    relayout: Callable[[str, int], TextLayout] | None = None
+
+
+def languages(cells: dict[str, list], name: str | None, n: int) -> list[str | None] | None:
+    """A per-row language column's codes (None where a cell is null or empty, or the file lacks it)."""
+    if not name:
+        return None
+    return [str(x) if x not in (None, "") else None for x in cells.get(name, [None] * n)]
 
 
 def check_content(unit: WorkUnit, checksum: str) -> None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -25,22 +27,51 @@ from raymt.pipeline.formats import OutputFormat
 PART_COLUMNS = ("id", "row", "source", "translation", "score", "nbest", "status", "reason", "signature")
 INPUT_JSON = "input_json"  # a JSONL input's other fields, as one JSON object text per row
 EXTRA_OUTPUTS = ("reference", "token_logprobs")  # columns parts carry for distillation, not input fields
+RESERVED = {*PART_COLUMNS, *EXTRA_OUTPUTS, INPUT_JSON, "length_ratio", "filters", "keep"}  # distillation's too
+
+
+def output_name(name: str) -> str:
+    """The output's name for a passed-through input column: itself, or ``input_<name>`` where the
+    output has one."""
+    while name in RESERVED:
+        name = f"input_{name}"
+    return name
 
 
 def _flat(text: str | None) -> str:
     return (text or "").replace("\r", " ").replace("\n", " ")
 
 
+@dataclass(frozen=True)
+class LineWriter:
+    """A line output format: the part columns it reads (None: all, passed-through ones included) and
+    its lines of a part (each ending in a newline)."""
+
+    columns: Callable[[OutputFormat], list[str] | None]
+    lines: Callable[[pa.Table, OutputFormat], str]
+
+
 def lines_of(part: pa.Table, fmt: OutputFormat) -> str:
     """The part's rows as ``fmt``'s lines (each ending in a newline)."""
-    if fmt.kind == "jsonl":
-        return jsonl_lines(part, fmt)
-    if fmt.kind == "tsv":
-        return "".join(f"{_flat(s).replace(chr(9), ' ')}\t{_flat(t).replace(chr(9), ' ')}\n" for s, t in
-                       zip(part.column("source").to_pylist(), part.column("translation").to_pylist()))
+    return LINE_WRITERS[fmt.kind].lines(part, fmt)
+
+
+def part_columns(fmt: OutputFormat) -> list[str] | None:
+    """The part columns ``fmt``'s lines read (None: every column)."""
+    return LINE_WRITERS[fmt.kind].columns(fmt)
+
+
+def text_lines(part: pa.Table, fmt: OutputFormat) -> str:
+    """A translation a line, or Marian's n-best lines with ``nbest`` > 1."""
     if fmt.nbest > 1:
         return marian_nbest_lines(part)
     return "".join(_flat(t) + "\n" for t in part.column("translation").to_pylist())
+
+
+def tsv_lines(part: pa.Table, fmt: OutputFormat) -> str:
+    """Source, tab, translation (tabs and newlines inside either as spaces)."""
+    return "".join(f"{_flat(s).replace(chr(9), ' ')}\t{_flat(t).replace(chr(9), ' ')}\n" for s, t in
+                   zip(part.column("source").to_pylist(), part.column("translation").to_pylist()))
 
 
 def _number(score: float | None) -> str:
@@ -89,3 +120,14 @@ def read_marian_nbest(text: str) -> list[tuple[int, str, float]]:
             raise ValueError(f"not a Marian n-best line: {line!r}")
         got.append((int(index), hypothesis, float(total)))
     return got
+
+
+def _text_columns(fmt: OutputFormat) -> list[str]:
+    return ["row", "source", "translation"] + (["nbest"] if fmt.nbest > 1 else [])
+
+
+# The line output formats by ``OutputFormat.kind`` (``formats.output_format`` names them from the
+# file name; ``.parquet`` is written whole by ``sink.assemble``).
+LINE_WRITERS: dict[str, LineWriter] = {"jsonl": LineWriter(lambda fmt: None, jsonl_lines),
+                                       "tsv": LineWriter(_text_columns, tsv_lines),
+                                       "text": LineWriter(_text_columns, text_lines)}

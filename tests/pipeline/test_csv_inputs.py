@@ -80,10 +80,10 @@ def test_a_csv_the_job_cannot_read_as_asked_is_refused_before_any_work(tmp_path,
 
 
 def test_a_csv_input_is_translated_by_the_job_not_streamed():
-    from raymt.pipeline.stream import stream_kind
+    from raymt.pipeline.stream import stream_format
 
     with pytest.raises(InputError, match=r"in.csv.gz: a CSV input is translated by the job, not as a stream"):
-        stream_kind("in.csv.gz")
+        stream_format("in.csv.gz")
 
 
 def test_empty_and_header_only_csv_files_have_no_rows(tmp_path):

@@ -145,3 +145,14 @@ def test_a_directory_reads_every_line_format_compressed_or_not_and_empty_streams
     (tmp_path / "in" / "e.xlsx").write_text("x\n")
     with pytest.raises(InputError, match=r"also holds 1 other file\(s\), which would not be translated: .*e.xlsx"):
         plan_units(str(tmp_path / "in"), Columns(), unit_rows=1)
+
+
+def test_every_input_format_is_one_registered_object_found_by_file_name():
+    """``input_format``: the one object the planner, the reader, the pass-through and the stream ask."""
+    from raymt.pipeline.input_formats import FORMATS, input_format
+    names = {"a.parquet": "parquet", "a.csv": "csv", "a.csv.gz": "csv", "a.jsonl": "jsonl", "a.ndjson.zst": "jsonl",
+             "a.tsv.xz": "tsv", "a.txt": "text", "a.de": "text", "a.parquet.gz": "text"}
+    assert {name: input_format(name).name for name in names} == names
+    assert set(FORMATS) == set(names.values())
+    assert {f.name for f in FORMATS.values() if f.from_lines} == {"jsonl", "tsv", "text"}  # what standard input streams
+    assert all(f.relayout for f in FORMATS.values() if f.name != "parquet")  # cut by rows once the unit size is known
