@@ -34,7 +34,7 @@ BUILDING = {"bdist_wheel", "bdist", "build", "build_ext", "install"}  # commands
 
 def native_build() -> ModuleType:
     """``workers/native_build.py``, read by its path (raymt is not importable yet)."""
-    spec = importlib.util.spec_from_file_location("raymt_native_build", os.path.join(HERE, "workers", "native_build.py"))
+    spec = importlib.util.spec_from_file_location("raymt_native_build", os.path.join(HERE, "raymt", "workers", "native_build.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -85,7 +85,7 @@ def native_extensions() -> tuple[list, dict]:
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
     build_spec = native_build()
-    sources = [os.path.join("workers", "csrc", name) for name in build_spec.SOURCE_NAMES]
+    sources = [os.path.join("raymt", "workers", "csrc", name) for name in build_spec.SOURCE_NAMES]
     built = {}
     extensions = []
     for target in targets(build_spec):
@@ -93,7 +93,7 @@ def native_extensions() -> tuple[list, dict]:
         stem = build_spec.installed_stem(target, key)
         built[stem] = target
         extensions.append(CppExtension(f"raymt.workers._native.{stem}", sources,
-                                       depends=[os.path.join("workers", "csrc", h) for h in build_spec.HEADER_NAMES],
+                                       depends=[os.path.join("raymt", "workers", "csrc", h) for h in build_spec.HEADER_NAMES],
                                        extra_compile_args=[*build_spec.compile_flags(target), "-g0"],
                                        extra_link_args=list(build_spec.LINK_FLAGS)))
     manifest = {"torch": torch.__version__, "python": build_spec.python_abi()}

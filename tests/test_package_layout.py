@@ -1,7 +1,7 @@
 """``raymt.*`` resolves for static tools as it does for Python: every ``raymt.*`` module the project
-imports is found by a type checker (mypy) in a checkout, with no import hook. The parts live in the
-top-level folders (``workers/``, ``pipeline/``, ``jobs/``); ``raymt/workers``, ``raymt/pipeline``
-and ``raymt/jobs`` are links to them."""
+imports is found by a type checker (mypy) in a checkout, with no import hook. The parts are plain
+packages, ``raymt/workers``, ``raymt/pipeline`` and ``raymt/jobs``; the top-level ``workers/``,
+``pipeline/`` and ``jobs/`` are links to them."""
 from __future__ import annotations
 
 import ast
@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-FOLDERS = ("raymt", "workers", "pipeline", "jobs", "benchmarks", "tools", "tests")
+FOLDERS = ("raymt", "benchmarks", "tools", "tests")
 
 
 def raymt_imports() -> list[str]:
@@ -27,10 +27,13 @@ def raymt_imports() -> list[str]:
     return sorted(found)
 
 
-def test_the_parts_are_links_inside_the_package():
+def test_the_parts_are_packages_and_the_top_level_folders_link_to_them():
+    import raymt
+    assert not hasattr(raymt, "__path__") or list(raymt.__path__) == [str(ROOT / "raymt")]  # no hook adds a path
     for part in ("workers", "pipeline", "jobs"):
-        link = ROOT / "raymt" / part
-        assert link.is_symlink() and link.resolve() == (ROOT / part).resolve(), link
+        package, link = ROOT / "raymt" / part, ROOT / part
+        assert (package / "__init__.py").is_file() and not package.is_symlink(), package
+        assert link.is_symlink() and link.resolve() == package.resolve(), link
 
 
 def test_a_type_checker_resolves_every_raymt_import():
