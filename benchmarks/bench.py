@@ -53,7 +53,7 @@ from benchmarks.peers import (
 from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
 from raymt.pipeline.shortlist_files import load_shortlist
 from benchmarks.step_profile import step_breakdown
-from raymt.workers.config import FAST_PRUNING, SearchConfig
+from raymt.workers.config import PruningConfig, SearchConfig
 from raymt.workers.engine import DecodeStats
 from benchmarks.flops import flops_per_target_token
 from benchmarks.fma_probe import isa_peak
@@ -63,7 +63,9 @@ from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.speedups import EXACT, CpuSpeedups
 from raymt.workers.core_decoder import CoreDecoder
 
-BEST_PRUNING = FAST_PRUNING  # the measured pick (docs/results/search.md: rp 0.6, within 0.3 BLEU of exact)
+# The speed configuration's pruning: ap 2.5, the one within 0.2 BLEU of exact on the trained base model (int8:
+# ap 2.5 42.26, rp 0.6 41.73, rp 0.8 41.36, none 42.24; docs/results/quality-base-speed-config.md).
+BEST_PRUNING = PruningConfig(ap=2.5)
 INT8 = replace(EXACT, int8=True)
 
 
@@ -232,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
                    "ct2-float32,ct2-int8,hf", help="ours-plain, ours+qkv, ours+onednn, ours-exact, ours+int8: the cumulative CPU speed-ups "
                    "(workers/speedups.py); ours-unfused-head: ours-exact with its output layer's product and log-softmax + top-k "
                    "as two passes; ours+int8-float-head: ours+int8 with a float32 output layer fused with the top-k; ours+bf16: bfloat16 instead of int8; ours-exact-k: ours-exact stopping "
-                   "at K finished hypotheses, CTranslate2's rule (HF early_stopping=True); ours-best: int8 + rp 0.6 "
+                   "at K finished hypotheses, CTranslate2's rule (HF early_stopping=True); ours-best: int8 + ap 2.5 "
                    "pruning + --shortlist; ours-topup, ours-var-stream, ours-fifo: ours-exact under that streaming "
                    "policy over the length-sorted input (32 sentences), against batch decoding (ours-exact)")
     p.add_argument("--profile", default="ours-exact,ours-best",
