@@ -33,10 +33,12 @@ back every 4 steps, refill at 5% empty, larger work units.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 
 import fsspec
@@ -302,38 +304,39 @@ def run_stream(args: argparse.Namespace, decode: DecodeConfig, start: float) -> 
     standard output carries only translations, the summary goes to standard error."""
     if args.evaluate or args.report:
         raise SystemExit("error: --evaluate and --report need a file or directory --output, not a stream ('-')")
-    try:
+    with one_line_errors(args.debug):
         settings = decoder_settings(args, decode, one_file=False)
         result = translate_stream(args.input, args.output, settings.with_threads(args.threads or os.cpu_count() or 1),
                                   columns_of(args), stdin=sys.stdin.buffer, stdout=sys.stdout.buffer)
-    except JOB_ERRORS as e:
-        if args.debug:
-            raise
-        raise SystemExit(f"error: {e}") from None
-    except OSError as e:  # a path that cannot be opened, read or written: one line, not a traceback
-        if args.debug:
-            raise
-        raise SystemExit(f"error: {os_error_line(e)}") from None
     statuses = ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items()))
     print(f"translated {result.rows} rows ({statuses}) from {args.input} to {args.output} in "
           f"{time.perf_counter() - start:.1f}s in this process [{settings.signature}]", file=sys.stderr)
 
 
+@contextlib.contextmanager
+def one_line_errors(debug: bool) -> Iterator[None]:
+    """A job error or a path that cannot be opened, read or written: one line, not a traceback
+    (the traceback with ``--debug``)."""
+    try:
+        yield
+    except JOB_ERRORS as e:
+        if debug:
+            raise
+        raise SystemExit(f"error: {e}") from None
+    except OSError as e:
+        if debug:
+            raise
+        raise SystemExit(f"error: {os_error_line(e)}") from None
+
+
 def execute(args: argparse.Namespace, decode: DecodeConfig) -> tuple[PipelineConfig, PipelineResult]:
     """The job itself; a job error is one line (the traceback with ``--debug``)."""
     try:
-        if args.report:  # the report's package is checked before the job, not after it
-            require("matplotlib", "plots", "the stats report (--report)")
-        pc = pipeline_config(args, decode)
-        return pc, run_pipeline(pc)
-    except JOB_ERRORS as e:
-        if args.debug:
-            raise
-        raise SystemExit(f"error: {e}") from None
-    except OSError as e:  # a path that cannot be opened, read or written: one line, not a traceback
-        if args.debug:
-            raise
-        raise SystemExit(f"error: {os_error_line(e)}") from None
+        with one_line_errors(args.debug):
+            if args.report:  # the report's package is checked before the job, not after it
+                require("matplotlib", "plots", "the stats report (--report)")
+            pc = pipeline_config(args, decode)
+            return pc, run_pipeline(pc)
     except KeyboardInterrupt:
         raise SystemExit("interrupted: every committed unit is kept; rerun the same command to resume") from None
 
