@@ -150,14 +150,14 @@ def test_int8_off_the_cpu_is_refused_before_anything_loads(demo_model_dir, monke
     import dataclasses
 
     from raymt.pipeline import api
-    from raymt.workers import translator as translator_module
+    from raymt.workers import core_decoder as core_decoder_module
     from raymt.workers.decode_config import RuntimeConfig
     from raymt.workers.speedups import EXACT, CpuSpeedups
 
     def untouched(*args, **kwargs):
         raise AssertionError("reached past the refusal")
 
-    monkeypatch.setattr(translator_module, "load_checkpoint", untouched)
+    monkeypatch.setattr(core_decoder_module, "load_checkpoint", untouched)
     monkeypatch.setattr(torch.cuda, "is_available", untouched)
     int8 = dataclasses.replace(EXACT, int8=True)
     for device in ("cuda", "cuda:1", torch.device("cuda", 0)):
@@ -166,7 +166,7 @@ def test_int8_off_the_cpu_is_refused_before_anything_loads(demo_model_dir, monke
         with pytest.raises(ValueError, match="int8 runs on the CPU only"):
             RuntimeConfig(device=str(device), speedups=int8)
     monkeypatch.setattr(api, "resolve_device", lambda name: torch.device(name))  # (as on a GPU machine)
-    monkeypatch.setattr(api.Core, "load", untouched)
+    monkeypatch.setattr(api.CoreDecoder, "load", untouched)
     with pytest.raises(ValueError, match="int8 runs on the CPU only"):
         api.Translator.load(str(demo_model_dir), device="cuda", compute_type="int8")
     assert RuntimeConfig(device="auto", speedups=int8).speedups.precision == "int8"  # (decided where it decodes)

@@ -376,14 +376,14 @@ def test_free_memory_leaves_graph_pools_out(monkeypatch):
 def test_the_slot_estimate_counts_the_source_positions_the_cache_allocates(demo_model_dir, monkeypatch):
     """A GPU call's slots are fitted with each slot's cross-attention K/V at the cache's rounded
     source capacity (a 9-token source takes 16 positions), not the longest source's length."""
-    from raymt.workers import graphs, translator as translator_module
+    from raymt.workers import core_decoder as core_decoder_module, graphs
     from raymt.workers.runner import source_capacity
 
     tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=4)
     sources, estimated = sorted(tr.encode(CALLS[1]), key=len), []
-    real = translator_module.bytes_per_sentence
+    real = core_decoder_module.bytes_per_sentence
     monkeypatch.setattr(graphs, "free_memory", lambda device: 2**40)
-    monkeypatch.setattr(translator_module, "bytes_per_sentence", lambda **k: estimated.append(k) or real(**k))
+    monkeypatch.setattr(core_decoder_module, "bytes_per_sentence", lambda **k: estimated.append(k) or real(**k))
     tr._fit_to_memory(SchedulerConfig(max_batch_sentences=4, capacity=4), sources, CFG, None)
     tr.decode_ids(sources, CFG)
     assert max(map(len, sources)) == 9 and source_capacity(9, 512) == 16
