@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +26,7 @@ from torch import Tensor, nn
 from torch.profiler import record_function  # named scopes for the step profile (benchmarks/step_profile.py)
 
 from raymt.workers.config import ModelConfig
+from raymt.workers.output_head import OutputHead
 from raymt.workers.cache import KVCache, StepAt
 from raymt.workers.step_ops import ATEN, AtenOps
 
@@ -210,37 +210,6 @@ class Encoder(nn.Module):
         for layer in self.layers:
             x = layer(x, mask)
         return x if self.layer_norm is None else self.layer_norm(x)
-
-
-@dataclass(frozen=True)
-class OutputHead:
-    """The output projection, decided once per decode: over the whole vocabulary (``ids`` None) or a
-    shortlist (``ids`` (C,) target ids); weight (V|C, E); bias (V|C,) or None; ``linear``: the same
-    projection prepacked or quantised (workers/speedups.py), the bias added after it when
-    ``add_bias``; ``skip``: the column of ``<pad>`` (banned by the search), -1 when not a column."""
-
-    ids: Tensor | None
-    weight: Tensor
-    bias: Tensor | None
-    linear: nn.Module | None = None
-    skip: int = -1
-    add_bias: bool = False
-
-    def __call__(self, hidden: Tensor) -> Tensor:
-        """hidden (..., E) -> logits (..., V|C)."""
-        if self.linear is None:
-            return F.linear(hidden, self.weight, self.bias)
-        out = self.linear(hidden)
-        return out + self.bias if self.add_bias and self.bias is not None else out
-
-    def row_top(self, hidden: Tensor, num: int, ops) -> tuple[Tensor, Tensor]:
-        """hidden (N, E) -> each row's ``num`` best log-probs and their columns (N, M), ``<pad>``
-        (``skip``) banned: the product and the log-softmax + top-k in one pass where the layer has
-        that kernel (``PackedLinear.row_top``: no (N, V) logits written), else ``ops.row_top`` over
-        this head's logits."""
-        fused = getattr(self.linear, "row_top", None)
-        top = fused(hidden, num, self.skip, self.bias if self.add_bias else None) if fused is not None else None
-        return top if top is not None else ops.row_top(self(hidden), num, self.skip)
 
 
 class Decoder(nn.Module):

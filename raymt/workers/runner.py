@@ -37,7 +37,7 @@ from torch import Tensor
 from raymt.workers.beams import SlotState
 from raymt.workers.cache import KVCache
 from raymt.workers.graphs import CapturedStep, GraphedStep, HostToDevice, Staging, release_cached
-from raymt.workers.model import OutputHead
+from raymt.workers.output_head import OutputHead
 from raymt.workers.static_step import StaticIndices
 
 logger = logging.getLogger(__name__)

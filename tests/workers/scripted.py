@@ -22,7 +22,7 @@ from torch import Tensor
 from raymt.workers.cache import KVCache, StepAt
 from raymt.workers.config import ModelConfig, SearchConfig
 from raymt.workers.engine import DecodeStats
-from raymt.workers.model import OutputHead
+from raymt.workers.output_head import OutputHead
 from raymt.workers.search import Hypothesis
 from raymt.workers.step_ops import ATEN, AtenOps
 

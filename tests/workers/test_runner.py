@@ -15,7 +15,7 @@ import torch
 from raymt.workers.cache import KVCache
 from raymt.workers.config import SearchConfig
 from raymt.workers.engine import Engine
-from raymt.workers.model import OutputHead
+from raymt.workers.output_head import OutputHead
 from raymt.workers.graphs import WARMUP_STEPS, GraphedStep
 from raymt.workers.runner import CacheNeed, DecodeRunner, bucket
 from raymt.workers.scheduler import Policy, SchedulerConfig
