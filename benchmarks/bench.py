@@ -131,16 +131,10 @@ def unfused_head(translator: CoreDecoder) -> CoreDecoder:
     return translator
 
 
-def float_head(translator: CoreDecoder) -> CoreDecoder:
-    """An int8 ``translator`` with its output layer in float32, fused with the row top
-    (``PackedLinear.row_top``), instead of its int8 product followed by the row top."""
-    from raymt.workers.native import load
-    from raymt.workers.speedups import PackedLinear
-
-    model, kernels = translator.checkpoint.model, load()
-    if kernels is not None:
-        model.vocab_head = PackedLinear(model.lm_head.weight, None)
-        model.vocab_head.use_small_kernel(kernels)
+def int8_head(translator: CoreDecoder) -> CoreDecoder:
+    """An int8 ``translator`` with its full output layer as the int8 product, then the row top, instead
+    of the float32 product fused with the row top (``Int8Linear.float_top``): what the fused pass gains."""
+    translator.checkpoint.model.vocab_head.float_top = None
     return translator
 
 
@@ -233,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--systems", default="ours-plain,ours+qkv,ours+onednn,ours-exact,ours-exact-k,ours+int8,ours+bf16,ours-best,"
                    "ct2-float32,ct2-int8,hf", help="ours-plain, ours+qkv, ours+onednn, ours-exact, ours+int8: the cumulative CPU speed-ups "
                    "(workers/speedups.py); ours-unfused-head: ours-exact with its output layer's product and log-softmax + top-k "
-                   "as two passes; ours+int8-float-head: ours+int8 with a float32 output layer fused with the top-k; ours+bf16: bfloat16 instead of int8; ours-exact-k: ours-exact stopping "
+                   "as two passes; ours+int8-int8-head: ours+int8 with its output layer's int8 product, then the top-k (not fused in float32); ours+bf16: bfloat16 instead of int8; ours-exact-k: ours-exact stopping "
                    "at K finished hypotheses, CTranslate2's rule (HF early_stopping=True); ours-best: int8 + ap 2.5 "
                    "pruning + --shortlist; ours-topup, ours-var-stream, ours-fifo: ours-exact under that streaming "
                    "policy over the length-sorted input (32 sentences), against batch decoding (ours-exact)")
@@ -271,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
         best = replace(cfg, pruning=BEST_PRUNING)
         factories = {"ours-exact": lambda: ours(translator, cfg), "ours-best": lambda: ours(best_translator, best, shortlist, best_stats),
                      "ours-unfused-head": lambda: ours(unfused_head(loaded(args, EXACT)), cfg),
-                     "ours+int8-float-head": lambda: ours(float_head(loaded(args, INT8)), cfg),
+                     "ours+int8-int8-head": lambda: ours(int8_head(loaded(args, INT8)), cfg),
                      "ours-exact-k": lambda: ours(translator, replace(cfg, early_stopping=True)),
                      "ours-plain": lambda: ours(loaded(args, CpuSpeedups()), cfg),
                      "ours+qkv": lambda: ours(loaded(args, CpuSpeedups(fused_qkv=True)), cfg),

@@ -39,43 +39,44 @@ import pyarrow.parquet as pq
 
 from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
 
+CAP = 256  # CTranslate2's and HF's cap on generated tokens unless --max-tokens
 SYSTEMS = ("job-float32", "job-int8", "op-float32", "op-int8", "ct2-float32", "ct2-int8", "hf-float32")
 
 
 class Ct2Translate:
     """Ray Data callable: ``text`` -> ``translation`` with CTranslate2 (pieces + ``</s>`` in, as its docs do)."""
 
-    def __init__(self, ct2_dir: str, model_dir: str, threads: int, beam: int, batch: int) -> None:
+    def __init__(self, ct2_dir: str, model_dir: str, threads: int, beam: int, batch: int, max_tokens: int = CAP) -> None:
         import ctranslate2
         import sentencepiece as spm
         self.src = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, "source.spm"))
         self.tgt = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, "target.spm"))
         self.ct2 = ctranslate2.Translator(ct2_dir, device="cpu", inter_threads=1, intra_threads=threads)
-        self.beam, self.batch = beam, batch
+        self.beam, self.batch, self.max_tokens = beam, batch, max_tokens
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         pieces = [self.src.encode(t, out_type=str) + ["</s>"] for t in batch.column("text").to_pylist()]
         results = self.ct2.translate_batch(pieces, beam_size=self.beam, max_batch_size=self.batch,
-                                           max_decoding_length=256)
+                                           max_decoding_length=self.max_tokens)
         return batch.append_column("translation", pa.array([self.tgt.decode(r.hypotheses[0]) for r in results]))
 
 
 class HfTranslate:
     """Ray Data callable: ``text`` -> ``translation`` with HF transformers' ``generate``."""
 
-    def __init__(self, model_dir: str, threads: int, beam: int) -> None:
+    def __init__(self, model_dir: str, threads: int, beam: int, max_tokens: int = CAP) -> None:
         import torch
         from transformers import MarianMTModel, MarianTokenizer
         torch.set_num_threads(threads)
         self.tok = MarianTokenizer.from_pretrained(model_dir)
         self.model = MarianMTModel.from_pretrained(model_dir).eval()
-        self.beam = beam
+        self.beam, self.max_tokens = beam, max_tokens
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         import torch
         enc = self.tok(batch.column("text").to_pylist(), return_tensors="pt", padding=True)
         with torch.inference_mode():
-            out = self.model.generate(**enc, num_beams=self.beam, max_new_tokens=256)
+            out = self.model.generate(**enc, num_beams=self.beam, max_new_tokens=self.max_tokens)
         return batch.append_column("translation", pa.array(self.tok.batch_decode(out, skip_special_tokens=True)))
 
 
@@ -91,12 +92,15 @@ def ray_data_run(args: argparse.Namespace) -> None:
         fn, kwargs = Translate, {"model": args.model, "threads": threads, "compute_type": compute}
     elif kind == "ct2":
         fn, kwargs = Ct2Translate, {"ct2_dir": f"{args.work}/ct2-{compute}", "model_dir": args.model,
-                                    "threads": threads, "beam": args.beam, "batch": args.ct2_batch}
+                                    "threads": threads, "beam": args.beam, "batch": args.ct2_batch,
+                                    "max_tokens": args.max_tokens}
     else:
-        fn, kwargs = HfTranslate, {"model_dir": args.model, "threads": threads, "beam": args.beam}
+        fn, kwargs = HfTranslate, {"model_dir": args.model, "threads": threads, "beam": args.beam,
+                                   "max_tokens": args.max_tokens}
     if kind == "op":
         from raymt.workers.config import SearchConfig
-        kwargs["search"] = SearchConfig(beam_size=args.beam)
+        kwargs["search"] = SearchConfig(beam_size=args.beam, **({} if args.max_tokens == CAP else dict(
+            max_length_a=0.0, max_length_b=args.max_tokens, max_decoding_length=args.max_tokens)))
     # One Parquet file reads as one block, and Ray Data hands a block's batches to one actor: without
     # the repartition one actor translated all 3000 rows while the other idled (CTranslate2 float32
     # 543 target tokens/s end to end against 970 for the same two 1-thread translators in one process).
@@ -116,11 +120,13 @@ def run_system(system: str, args: argparse.Namespace, src: str, out: str) -> flo
     if system.startswith("job-"):
         cmd = [sys.executable, "-m", "raymt.jobs.translate", "--model", args.model, "--input", src, "--output", out,
                "--local-rows", "0", "--decoders", str(workers), "--threads", str(threads), "--beam-size",
-               str(args.beam), *(["--int8"] if system == "job-int8" else [])]
+               str(args.beam), *(["--int8"] if system == "job-int8" else []),
+               *([] if args.max_tokens == CAP else ["--max-length", str(args.max_tokens), "--max-length-a", "0",
+                                                    "--max-length-b", str(args.max_tokens)])]
     else:
         cmd = [sys.executable, "-m", "benchmarks.bench_ray_e2e", "--child", system, "--input", src, "--output", out,
                "--model", args.model, "--work", args.work, "--split", args.split, "--beam", str(args.beam),
-               "--batch", str(args.batch), "--ct2-batch", str(args.ct2_batch)]
+               "--batch", str(args.batch), "--ct2-batch", str(args.ct2_batch), "--max-tokens", str(args.max_tokens)]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
@@ -184,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--split", default="2x1", help="W actors x T threads, the same for every system")
     p.add_argument("--batch", type=int, default=256, help="Ray Data batch size (rows per call)")
     p.add_argument("--ct2-batch", type=int, default=32, help="CTranslate2's max_batch_size")
+    p.add_argument("--max-tokens", type=int, default=CAP, help="every system's cap on generated tokens per sentence "
+                   "(a shape checkpoint of benchmarks.shapes, whose EOS is unreachable, decodes every sentence to it); "
+                   f"at {CAP}, ours keeps the job's own caps, as a user runs it")
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--out", default="docs/results/ray-e2e")
     p.add_argument("--work", default="")
@@ -211,10 +220,11 @@ def main(argv: list[str] | None = None) -> None:
               (("job-float32", "ct2-float32"), ("job-int8", "ct2-int8"), ("op-float32", "job-float32"),
                ("op-int8", "job-int8"), ("job-float32", "hf-float32")) if a in by and b in by}
     report = {"model": args.model, "set": args.set, "lines": args.lines, "beam": args.beam, "split": args.split,
-              "ct2_batch": args.ct2_batch, "ray_data_batch": args.batch, "ray_start_s": round(ray_s, 2),
+              "ct2_batch": args.ct2_batch, "max_tokens": args.max_tokens, "ray_data_batch": args.batch, "ray_start_s": round(ray_s, 2),
               "runs": rows, "ratios": ratios}
     md = [f"# End to end on Ray: {args.set} repeated to {args.lines} lines\n",
-          f"model `{os.path.relpath(args.model)}`, beam {args.beam}, split {args.split} (actors x threads) for every "
+          f"model `{os.path.relpath(args.model)}`, beam {args.beam}"
+          f"{'' if args.max_tokens == CAP else f', every sentence to {args.max_tokens} tokens'}, split {args.split} (actors x threads) for every "
           f"system, CTranslate2 batch {args.ct2_batch}, Ray Data batches of {args.batch} rows. Each run is a fresh "
           f"process; `small_job_s` is the wall time of a {args.small}-line job (start-up: Ray, actors, model load), "
           "`steady_tokens_per_s` the difference of the corpus run and the small run.\n",

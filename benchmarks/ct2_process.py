@@ -38,6 +38,10 @@ class Ct2Process:
             code = self._child.wait()
             raise RuntimeError(f"the CTranslate2 process ended (exit code {code}); see its stderr") from None
 
+    @property
+    def pid(self) -> int:
+        return self._child.pid
+
     def translate_batch(self, pieces: list[list[str]], **options) -> list[list[str]]:
         return self._ask((pieces, options))
 

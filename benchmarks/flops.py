@@ -44,3 +44,11 @@ def flops_per_target_token(cfg: ModelConfig, *, source_length: float, target_len
     decoder = fan_out * decoder_flops_per_row_step(cfg, source_length, target_length / 2, output_size)
     encoder = encoder_flops_per_source_token(cfg, source_length) * source_length / max(target_length, 1.0)
     return decoder + encoder
+
+
+def flops_by_part(cfg: ModelConfig, *, source_length: float, target_length: float, fan_out: float) -> dict[str, float]:
+    """``flops_per_target_token`` split into the encoder, the decoder layers and the output layer."""
+    e, t, s = cfg.d_model, target_length / 2, source_length
+    layers = cfg.decoder_layers * (12 * e * e + 4 * t * e + 4 * s * e + 4 * e * cfg.decoder_ffn_dim)
+    return {"encoder": encoder_flops_per_source_token(cfg, s) * s / max(target_length, 1.0),
+            "decoder layers": fan_out * layers, "output layer": fan_out * 2 * e * cfg.decoder_vocab_size}

@@ -92,6 +92,10 @@ class Ct2Translator:
             self._ct2.close()
         self._ct2 = None
 
+    def pids(self) -> list[int]:
+        """The process it decodes in, while loaded (``benchmarks.parts``' perf runs)."""
+        return [self._ct2.pid] if self._ct2 is not None else []
+
     def __call__(self, lines: list[str]) -> list[str]:
         self.load()
         pieces = [self.tok.source_pieces(line) + ["</s>"] for line in lines]
@@ -182,6 +186,10 @@ class OursDecoders:
         for pool in self._pools:
             pool.shutdown()
         self._pools = []
+
+    def pids(self) -> list[int]:
+        """The decoder processes, while loaded (``benchmarks.parts``' perf runs)."""
+        return [pool.submit(os.getpid).result() for pool in self._pools]
 
     def __call__(self, lines: list[str]) -> list[str]:
         self.load()

@@ -37,13 +37,15 @@ class Shape:
     ffn: int
     vocab: int
     activation: str
-    layers: int = 6
+    encoder_layers: int = 6
+    decoder_layers: int = 6
 
 
 SHAPES = {
     "opus-mt-de-en": Shape(512, 8, 2048, 58101, "swish"),  # Helsinki-NLP/opus-mt-de-en's config
     "tc-big": Shape(1024, 16, 4096, 57000, "relu"),  # the opus-mt-tc-big family (53k-65k words)
     "base-8k": Shape(512, 8, 2048, 8001, "swish"),  # the earlier tables' vocabulary
+    "tiny": Shape(64, 2, 128, 9001, "swish", 2, 2),  # the benchmarks' smoke tests
 }
 
 
@@ -70,7 +72,7 @@ def build(shape: Shape, out_dir: str, tokenizer_dir: str | None = None, seed: in
     pad_id, eos_id = vocab[pad], vocab["</s>"]
     cfg = transformers.MarianConfig(
         vocab_size=shape.vocab, decoder_vocab_size=shape.vocab, d_model=shape.d_model,
-        encoder_layers=shape.layers, decoder_layers=shape.layers, encoder_attention_heads=shape.heads,
+        encoder_layers=shape.encoder_layers, decoder_layers=shape.decoder_layers, encoder_attention_heads=shape.heads,
         decoder_attention_heads=shape.heads, encoder_ffn_dim=shape.ffn, decoder_ffn_dim=shape.ffn,
         activation_function=shape.activation, pad_token_id=pad_id, eos_token_id=eos_id,
         decoder_start_token_id=pad_id, forced_eos_token_id=None, max_position_embeddings=512,

@@ -171,7 +171,7 @@ def test_shape_checkpoints_decode_to_the_cap_alike_and_the_vmap_reaches_ctransla
 
     shared_path("multi30k", "test_2016_flickr.de")
     tokenizer = shared_path("..", "models", "base-de-en", "vocab.json").parent
-    model = build(Shape(64, 2, 128, 9001, "swish", layers=1), str(tmp_path / "shape"), str(tokenizer))
+    model = build(Shape(64, 2, 128, 9001, "swish", encoder_layers=1, decoder_layers=1), str(tmp_path / "shape"), str(tokenizer))
     vocab = json.loads((tmp_path / "shape" / "vocab.json").read_text(encoding="utf-8"))
     assert len(vocab) == 9001 and vocab["<pad>"] == 9000 and "▁unused0" in vocab
     vmap = tmp_path / "table.vmap"

@@ -25,6 +25,10 @@ def test_the_peer_callables_translate_a_batch_like_our_api(demo_model_dir, tmp_p
     hf = HfTranslate(str(demo_model_dir), threads=1, beam=2)(batch)
     assert ct2.column("translation").to_pylist() == ours == hf.column("translation").to_pylist()
     assert ct2.column("id").to_pylist() == [0, 1]
+    capped = Ct2Translate(str(tmp_path / "ct2"), str(demo_model_dir), threads=1, beam=2, batch=8, max_tokens=2)(batch)
+    hf_capped = HfTranslate(str(demo_model_dir), threads=1, beam=2, max_tokens=2)(batch)
+    for table in (capped, hf_capped):  # --max-tokens reaches the peers: two pieces at most, EOS not reached
+        assert all(0 < len(t.split()) <= 2 for t in table.column("translation").to_pylist())
 
 
 @pytest.mark.slow

@@ -1,12 +1,13 @@
 """The fused output layer (``head_top_log_softmax``: product, log-softmax and top-k in one pass)
-against the product and the row top it replaces, and a decode through it against one without."""
+against the product and the row top it replaces, and a decode through it against one without; an
+int8 output layer's row top through it."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from raymt.workers.config import SearchConfig
-from raymt.workers.speedups import EXACT, PackedLinear
+from raymt.workers.speedups import EXACT, Int8Linear, PackedLinear
 from raymt.workers.core_decoder import CoreDecoder
 
 NEG_INF = float("-inf")
@@ -93,3 +94,35 @@ def test_a_decode_through_the_fused_head_equals_one_without(demo_model_dir) -> N
         assert [t.text for t in got] == [t.text for t in want]
         for a, b in zip(got, want):
             assert a.score == pytest.approx(b.score, abs=1e-4)
+
+
+def test_an_int8_output_layer_takes_its_row_top_from_the_float32_fused_pass(native_kernels) -> None:
+    gen = torch.Generator().manual_seed(11)
+    weight, x, bias = torch.randn(300, 32, generator=gen), torch.randn(20, 32, generator=gen), torch.randn(300, generator=gen)
+    int8 = Int8Linear.from_weight(weight, None)
+    assert int8.row_top(x, 5, 3, None) is None  # not fused: its int8 product, then the row top
+    int8.fuse_float_top(weight, native_kernels)
+    want = packed_head(weight, native_kernels).row_top(x, 5, 3, bias)
+    got = int8.row_top(x, 5, 3, bias)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])  # the float32 pass, bit for bit
+    assert int8.row_top(torch.randn(PackedLinear.SMALL_KERNEL_ROWS + 1, 32), 5, 3, None) is None  # its int8 product
+    assert int8.float_top.packed is None  # (no oneDNN copy of a weight only the fused pass reads)
+
+
+def test_an_int8_decoder_fuses_its_full_output_layer_and_keeps_its_translations(demo_model_dir) -> None:
+    """int8 layers with the float32 fused output layer, against the same int8 decoder with its int8
+    output layer: the output layer's quantisation noise alone between them."""
+    import sacrebleu
+    from dataclasses import replace
+
+    from tests.conftest import shared_path
+
+    lines = shared_path("multi30k", "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:60]
+    fused = CoreDecoder.load(str(demo_model_dir), speedups=replace(EXACT, int8=True))
+    plain = CoreDecoder.load(str(demo_model_dir), speedups=replace(EXACT, int8=True))
+    assert fused.checkpoint.model.vocab_head.float_top is not None, "int8 decoders fuse the full output layer"
+    plain.checkpoint.model.vocab_head.float_top = None
+    cfg = SearchConfig(beam_size=5)
+    got, want = [t.text for t in fused.translate(lines, cfg)], [t.text for t in plain.translate(lines, cfg)]
+    assert sum(a == b for a, b in zip(got, want)) >= 50
+    assert sacrebleu.corpus_bleu(got, [want]).score > 85
