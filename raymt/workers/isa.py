@@ -69,6 +69,12 @@ class CpuIsa:
         """bfloat16 decoding runs here: oneDNN's bf16 GEMMs (AVX512-BW/VL/DQ or AVX-NE-CONVERT)."""
         return self.onednn_bf16
 
+    @property
+    def int8_dot(self) -> bool:
+        """The CPU has an int8 dot-product unit the int8 kernels use (AVX512-VNNI, AMX): without one
+        (AVX2) an int8 product runs on ``vpmaddubsw`` + ``vpmaddwd``, at most ~2x a float32 one."""
+        return bool({"avx512_vnni", "amx_int8"} & self.flags)
+
     def fp32_flops_per_cycle(self, fma_units: int = 2) -> int:
         """Float32 FLOPs per cycle per core at this level: FMA units x lanes x 2 (a multiply-add is 2).
         Two FMA units (most server cores since Haswell; Zen 4 runs AVX-512 on 256-bit halves, so its

@@ -16,9 +16,9 @@
   (with a warning) where torch lacks oneDNN.
 * ``int8``: dynamic int8 quantisation (weights per output channel, activations per call) of
   every linear layer of encoder and decoder, of the full-vocabulary output layer and of each
-  shortlist head (quantised once per candidate set). With the native kernels, a full output layer
-  of ``FUSED_MIN_OUTPUTS`` words or more runs float32 fused with the row top for the rows that
-  kernel takes (``Int8Linear.float_top``: faster than the int8 product, whose logits are written
+  shortlist head (quantised once per candidate set). With the native kernels on a CPU without an
+  int8 dot-product unit, a full output layer of ``FUSED_MIN_OUTPUTS`` words or more runs float32
+  fused with the row top for the rows that kernel takes (``Int8Linear.float_top``: faster than the int8 product, whose logits are written
   and read again). Per-channel scales keep the BLEU change
   within noise on the demo model (+0.02..+0.15 on Multi30k; per-tensor scales cost 0.31): the
   benchmark reports it every run. Where the CPU has AMX tiles, large products run oneDNN's AMX
@@ -60,6 +60,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from raymt.workers.isa import detect as detect_isa
 from raymt.workers.isa import require_bf16
 from raymt.workers.model import MarianModel
 from raymt.workers.native import load as load_native
@@ -321,9 +322,10 @@ class Int8Linear:
 
     AMX_MIN_WORK = 24_000_000
     # The full output layer's float32 product fused with the row top (``fuse_float_top``), where that
-    # kernel takes the rows: no (N, V) logits written. 58,101 words, 1 thread, 160 rows: the int8
-    # product alone 72 GFLOP/s (the float32 one 84), and its logits, 37 MB a step, each page faulted in
-    # anew and read again by the row top; int8 decoding 1.12x (1 thread) and 1.18x (2) faster fused.
+    # kernel takes the rows: no (N, V) logits written. On AVX2 (no int8 dot-product unit), 58,101
+    # words, 1 thread, 160 rows: the int8 product alone 72 GFLOP/s (the float32 one 84), and its
+    # logits, 37 MB a step, each page faulted in anew and read again by the row top; int8 decoding
+    # 1.06-1.18x faster fused. With VNNI or AMX (``CpuIsa.int8_dot``) the int8 product stays.
     float_top: "PackedLinear | None" = None
 
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
@@ -418,7 +420,7 @@ def apply_speedups(model: MarianModel, opts: CpuSpeedups) -> MarianModel:
             if isinstance(model.model.decoder.ops, NativeOps):  # few-row products on the native kernel
                 kernels = model.model.decoder.ops.kernels
                 heads = [model.vocab_head] if isinstance(model.vocab_head, PackedLinear) else []
-                if isinstance(model.vocab_head, Int8Linear) and \
+                if isinstance(model.vocab_head, Int8Linear) and not detect_isa().int8_dot and \
                         model.vocab_head.out_features >= PackedLinear.FUSED_MIN_OUTPUTS:
                     model.vocab_head.fuse_float_top(model.lm_head.weight, kernels)
                 for layer in (*_packed_layers(model.model.encoder), *_packed_layers(model.model.decoder), *heads):

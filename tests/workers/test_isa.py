@@ -100,3 +100,10 @@ def test_int8_translates_on_an_avx2_cpu(demo_model_dir) -> None:
     out = run_python(code, AVX2_ENV)
     assert out.returncode == 0, out.stderr
     assert len(out.stdout.strip().split()) >= 3  # a sentence, not an empty or one-token output
+
+
+def test_an_int8_dot_product_unit_is_read_from_the_flags() -> None:
+    """VNNI or AMX: int8 decoders keep their int8 output layer (``speedups``); AVX2 alone has none."""
+    assert not isa(aten="AVX2", flags=AVX2).int8_dot
+    assert not isa(flags=AVX512).int8_dot
+    assert isa(flags=AVX512 | {"avx512_vnni"}).int8_dot and isa(flags=AVX512 | {"amx_int8"}).int8_dot
