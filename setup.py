@@ -89,7 +89,7 @@ def native_extensions() -> tuple[list, dict]:
     built = {}
     extensions = []
     for target in targets(build_spec):
-        key = build_spec.library_key(target, torch.__version__)  # from its sources, flags, torch, Python
+        key = build_spec.library_key(target, torch.__version__)
         stem = build_spec.installed_stem(target, key)
         built[stem] = target
         extensions.append(CppExtension(f"raymt.workers._native.{stem}", sources,

@@ -136,7 +136,8 @@ def kernel_rates(shape: Shape, rows: int, threads: int, seconds: float = 0.5) ->
     (FBGEMM; activations quantised per call, the output dequantised): what int8 can gain per product."""
     from benchmarks.peers import _best_rate
     from raymt.workers.native import load
-    from raymt.workers.speedups import Int8Linear, PackedLinear
+    from raymt.workers.packed_linear import PackedLinear
+    from raymt.workers.speedups import Int8Linear
 
     kernels, previous = load(), torch.get_num_threads()
     torch.set_num_threads(threads)

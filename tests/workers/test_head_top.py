@@ -8,7 +8,8 @@ import torch
 
 from raymt.workers.config import SearchConfig
 from raymt.workers.isa import detect
-from raymt.workers.speedups import EXACT, Int8Linear, PackedLinear
+from raymt.workers.packed_linear import PackedLinear
+from raymt.workers.speedups import EXACT, Int8Linear
 from raymt.workers.core_decoder import CoreDecoder
 
 NEG_INF = float("-inf")

@@ -17,7 +17,8 @@ from raymt.workers.config import SearchConfig
 from raymt.workers.isa import IsaUnsupported, detect as detect_isa
 from raymt.workers.search import row_top_log_probs
 from raymt.workers.shortlist import LexicalTable, Shortlist
-from raymt.workers.speedups import EXACT, CpuSpeedups, Int8Linear, PackedLinear, amx_int8, onednn_available, small_work
+from raymt.workers.packed_linear import PackedLinear, small_work
+from raymt.workers.speedups import EXACT, CpuSpeedups, Int8Linear, amx_int8, onednn_available
 from raymt.workers.core_decoder import CoreDecoder
 from tests.pipeline.ray_helpers import clean_corpus
 
