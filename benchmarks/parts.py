@@ -158,17 +158,12 @@ def kernel_rates(shape: Shape, rows: int, threads: int, seconds: float = 0.5) ->
     return out
 
 
-def pids(translate) -> list[int]:
-    """The processes a system decodes in (``OursDecoders``' workers, CTranslate2's child)."""
-    return translate.pids()
-
-
 def perf_groups(run_: PeerRun, lines: list[str], tmp: str, frequency: int = 999) -> list[dict]:
     """Share of ``perf record`` samples per ``PERF_GROUPS`` group over one timed translation."""
     run_.load(lines[:16])
     data = os.path.join(tmp, f"perf-{run_.name}.data")
     perf = subprocess.Popen(["perf", "record", "-q", "-F", str(frequency), "-o", data, "-p",
-                             ",".join(map(str, pids(run_.translate)))], stdout=subprocess.DEVNULL,
+                             ",".join(map(str, run_.translate.pids()))], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
         run_.translate(lines)
