@@ -24,7 +24,8 @@ import pyarrow.parquet as pq
 
 from raymt.pipeline.actors import DecoderSettings
 from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
-from raymt.pipeline.run import PipelineConfig, actor_table, init_ray, run_pipeline
+from raymt.pipeline.ray_session import init_ray
+from raymt.pipeline.run import PipelineConfig, actor_table, run_pipeline
 from raymt.pipeline.sink import OutputStore
 from raymt.pipeline.units import Columns
 from raymt.workers.config import SearchConfig

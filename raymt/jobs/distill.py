@@ -17,7 +17,7 @@ import dataclasses
 import json
 import logging
 
-from raymt.jobs.translate import JOB_ERRORS, build_parser, decode_config, model_search, pipeline_config
+from raymt.jobs.translate import JOB_ERRORS, build_parser, decode_config, interrupted, model_search, pipeline_config
 from raymt.workers.generation import UnsupportedGeneration
 from raymt.pipeline.distill_columns import Filters, write_distilled
 from raymt.pipeline.run import run_pipeline
@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> dict:
             write_distilled(store, Filters(args.max_length_ratio, args.min_score))))
     except (*JOB_ERRORS, UnsupportedGeneration) as e:
         raise SystemExit(f"error: {e}") from None
+    except KeyboardInterrupt:
+        raise interrupted() from None
     summary = summaries[0]
     print(f"distilled {result.rows} rows in {result.seconds:.1f}s ({result.tokens_per_second:.0f} target tokens/s) "
           f"-> {args.output}/distilled: {json.dumps(summary)}")

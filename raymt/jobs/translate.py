@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -55,7 +56,7 @@ from raymt.pipeline.driver import DecodersUnavailable, ResourcesUnavailable
 from raymt.pipeline.ledger import OutputBusy, PlanMismatch
 from raymt.pipeline.model_check import ModelError
 from raymt.pipeline.bench_reports import markdown_table
-from raymt.pipeline.run import PipelineConfig, PipelineResult, UnitsFailed, actor_table, run_pipeline
+from raymt.pipeline.run import PipelineConfig, PipelineResult, UnitsFailed, actor_table, run_pipeline, stop_ray
 from raymt.pipeline.settings import DecoderSettings, PartColumns
 from raymt.pipeline.shortlist_files import load_shortlist, shortlist_for
 from raymt.pipeline.sink import OutputStore
@@ -257,7 +258,7 @@ def pipeline_config(args: argparse.Namespace, decode: DecodeConfig) -> PipelineC
     return PipelineConfig(input=local_path(args.input), columns=columns, decoder=settings, unit_rows=args.unit_rows,
                           decoders=decoders, encoders=args.encoders, cpus_per_decoder=args.cpus_per_decoder,
                           gpus_per_decoder=gpus, skip_corrupt=args.skip_corrupt,
-                          restart=args.restart, local_rows=2**62 if args.in_process else args.local_rows,
+                          restart=args.restart, overwrite=args.overwrite, local_rows=2**62 if args.in_process else args.local_rows,
                           in_process=args.in_process, progress_every_s=args.progress_every,
                           health=Health(decoder_wait_s=args.decoder_wait, stall_timeout_s=args.stall_timeout),
                           assemble_to=local_path(args.output) if one_file else None, lease_ttl_s=args.lease_ttl)
@@ -307,7 +308,8 @@ def run_stream(args: argparse.Namespace, decode: DecodeConfig, start: float) -> 
     with one_line_errors(args.debug):
         settings = decoder_settings(args, decode, one_file=False)
         result = translate_stream(args.input, args.output, settings.with_threads(args.threads or os.cpu_count() or 1),
-                                  columns_of(args), stdin=sys.stdin.buffer, stdout=sys.stdout.buffer)
+                                  columns_of(args), stdin=sys.stdin.buffer, stdout=sys.stdout.buffer,
+                                  overwrite=args.overwrite)
     statuses = ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items()))
     print(f"translated {result.rows} rows ({statuses}) from {args.input} to {args.output} in "
           f"{time.perf_counter() - start:.1f}s in this process [{settings.signature}]", file=sys.stderr)
@@ -338,7 +340,15 @@ def execute(args: argparse.Namespace, decode: DecodeConfig) -> tuple[PipelineCon
             pc = pipeline_config(args, decode)
             return pc, run_pipeline(pc)
     except KeyboardInterrupt:
-        raise SystemExit("interrupted: every committed unit is kept; rerun the same command to resume") from None
+        raise interrupted() from None
+
+
+def interrupted() -> SystemExit:
+    """Ctrl-C: Ray stopped here, then one line; the process is ending, so a second Ctrl-C is ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print("interrupted: stopping (Ctrl-C again is ignored while Ray stops)", file=sys.stderr, flush=True)
+    stop_ray()
+    return SystemExit("interrupted: every committed unit is kept; rerun the same command to resume")
 
 
 def print_summary(args: argparse.Namespace, pc: PipelineConfig, result: PipelineResult, seconds: float) -> None:

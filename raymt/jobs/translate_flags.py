@@ -217,6 +217,10 @@ def add_fault_flags(g) -> None:
     g.add_argument("--restart", action="store_true",
                    help="the output was started by another plan (input, model, search, --unit-rows): discard its "
                         "parts and translate afresh instead of refusing")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --output file that raymt did not write (its parts folder holds no "
+                        "record of it), or write into a non-empty folder holding no raymt output (its files are "
+                        "kept); without it both are refused")
     g.add_argument("--skip-corrupt", action="store_true",
                    help="an unreadable Parquet file is skipped (reported) and a unit whose rows cannot be read "
                         "is written as rows with status 'unreadable', instead of failing the job")

@@ -21,6 +21,7 @@ from dataclasses import asdict
 import pyarrow as pa
 import torch
 
+from raymt.pipeline.errors import JobStopped
 from raymt.pipeline.evaluate import EvalStats, sufficient_stats
 from raymt.pipeline.formats import mark_invalid
 from raymt.pipeline.heap import trim_heap
@@ -74,7 +75,9 @@ class EncoderWorker:
             try:
                 rows.append({**self.encode_unit(WorkUnit(**json.loads(u))).to_row(), "error": None})
             except Exception as e:  # noqa: BLE001 - one unreadable unit must not stop the stream
-                logger.warning("cannot encode unit %s: %s", u, e)
+                # a stop (input changed, ...) is said once, by the driver; an unreadable unit here
+                log = logger.debug if isinstance(e, JobStopped) else logger.warning
+                log("cannot encode unit %s: %s", json.loads(u)["name"], e)
                 rows.append({"unit": u, "error": f"{type(e).__name__}: {e}"})
         keys = dict.fromkeys(k for r in rows for k in r)  # error rows: the other columns null
         return pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in rows])
@@ -125,6 +128,7 @@ class DecoderWorker:
         self.node = _node_id()
         self.last_done = time.time()
         self.metrics = Metrics() if _in_ray() else None
+        self.phase = "starting"  # what it is doing now, for a progress line when no decoding step moves
         self.encoder = EncoderWorker(self.translator, columns, settings.source_lang, settings.target_lang,
                                      settings.decode.max_row_chars)
         if not columns.target_lang:  # (a missing or unknown language: one line, here)
@@ -165,8 +169,15 @@ class DecoderWorker:
         if isinstance(item, pa.Table):  # an encoder's unreadable unit (``error``) is skipped: the sweep retries it
             encoded = [EncodedUnit.from_row(r) for r in item.to_pylist() if not r.get("error")]
         else:
-            encoded = [self.encoder.encode_unit(u) for u in item]
-        stats = [self.decode_unit(e) for e in encoded]
+            encoded = []
+            for u in item:
+                self.phase = f"reading and tokenising unit {u.name}"
+                encoded.append(self.encoder.encode_unit(u))
+        stats = []
+        for e in encoded:
+            self.phase = f"decoding unit {e.unit.name}"
+            stats.append(self.decode_unit(e))
+        self.phase = "between units"
         trim_heap()  # the units' freed tensor memory back to the system: else the heap's RSS creeps up unit by unit
         return stats
 

@@ -130,6 +130,7 @@ class Driver:
         finally:
             feed.close()
             self._kill_all()
+            self._settle_abandoned()
         self.result.failed = dict(self.pool.failed)
         self.result.lost = self.pool.lost & set(self.pool.failed)
 
@@ -242,6 +243,20 @@ class Driver:
             try:
                 self._retire(actor)
             except Exception:  # noqa: BLE001 - the cluster may be gone already
+                pass
+
+    def _settle_abandoned(self, timeout_s: float = 5.0) -> None:
+        """Fetch the results left in flight when the job stops (their actors are killed): an error
+        nobody fetched is printed by Ray with its remote stack when its reference is dropped, after
+        the job's own one-line reason. Nothing is left in flight when the job ends normally."""
+        import ray
+        refs = [*self.in_flight, *self.probes]
+        if not refs:
+            return
+        for ref in ray.wait(refs, num_returns=len(refs), timeout=timeout_s)[0]:
+            try:
+                ray.get(ref, timeout=0)
+            except Exception:  # noqa: BLE001 - the job is stopping for its own reason; these follow from it
                 pass
 
     # -- results --------------------------------------------------------------------------------------------

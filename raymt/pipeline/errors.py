@@ -49,8 +49,9 @@ def stopping_cause(e: BaseException) -> JobStopped | None:
     """The ``JobStopped`` behind ``e``: itself, or the cause a Ray task error carries from an actor."""
     seen = 0
     while e is not None and seen < 8:
-        if isinstance(e, JobStopped):
-            return e
+        if isinstance(e, JobStopped):  # a Ray task error is an instance of its cause's class too: say the cause,
+            cause = getattr(e, "cause", None)  # not the remote stack the wrapper's message carries
+            return cause if isinstance(cause, JobStopped) else e
         e = getattr(e, "cause", None) or e.__cause__
         seen += 1
     return None

@@ -3,20 +3,29 @@ never scatters its files over a filesystem root or the current directory, and sa
 when it cannot write where it was asked to.
 
     check_output(input, parts, final, model)   # paths; parts: the directory of parts; final: the assembled file
+    check_owned(parts, final, overwrite)       # an existing file or folder there is raymt's own, or refused
     check_writable(parts, final)               # after planning: files can be created there
     check_output_format(final, nbest)          # the assembled file's format, or refused naming the supported ones
+
+A job writes only where it owns what is there: an existing ``--output`` file is replaced only
+when the record its parts folder keeps (``_ASSEMBLED.json``: path, size, content digest or ETag)
+says raymt assembled exactly that file, and an existing non-empty folder is written into only when
+it holds raymt's records (a plan, markers, parts); anything else is refused in one line unless the
+user asks with ``--overwrite`` (a folder's own files are kept even then).
 
 Local paths are compared resolved (symlinks, ``..``, relative to the working directory); URLs of
 object stores by bucket and key.
 """
 from __future__ import annotations
 
+import json
 import os
 import uuid
 
 import fsspec
 
 from raymt.pipeline.formats import OutputFormat, UnsupportedOutput, output_format
+from raymt.pipeline.ledger import ASSEMBLED, PLAN, assembled_record
 from raymt.pipeline.storage import on_disk, storage_options
 
 
@@ -74,6 +83,39 @@ def check_output(input_url: str, parts_url: str, final_url: str | None = None, m
                          if "--input" in p and p.replace("--input", "--model") not in problems]
     if problems:
         raise OutputRefused("; ".join(problems))
+
+
+def check_owned(parts_url: str, final_url: str | None = None, overwrite: bool = False) -> None:
+    """Raise ``OutputRefused`` in one line where the job would replace or write among files raymt did
+    not write: an existing ``final_url`` that the parts folder's ``_ASSEMBLED.json`` does not name as
+    the file it assembled (same path, size and content), or an existing non-empty ``parts_url``
+    folder holding no raymt record. ``overwrite``: the user asked for it; nothing is checked."""
+    if overwrite:
+        return
+    fs, root = fsspec.core.url_to_fs(parts_url, **storage_options(parts_url))
+    if final_url is not None:
+        ffs, fpath = fsspec.core.url_to_fs(final_url, **storage_options(final_url))
+        if ffs.exists(fpath) and not ffs.isdir(fpath) and not _assembled_here(fs, root, final_url):
+            raise OutputRefused(f"--output {final_url} exists and raymt did not write it (no record in "
+                                f"{parts_url} names it): pass --overwrite to replace it, or choose another --output")
+    if not fs.isdir(root):
+        return
+    names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)]
+    theirs = sorted(n for n in names if not n.startswith("."))
+    if theirs and not any(n in (PLAN, "_SUCCESS", "_manifest", ASSEMBLED) or n.startswith("part-") for n in names):
+        shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
+        raise OutputRefused(f"--output {parts_url} is a folder holding {len(theirs)} file(s) raymt did not write "
+                            f"({shown}) and no raymt output: choose a new or empty folder, or pass --overwrite to "
+                            f"write among them (they are kept)")
+
+
+def _assembled_here(fs, root: str, final_url: str) -> bool:
+    """Whether the parts folder's record names ``final_url`` as it is now (raymt assembled it)."""
+    try:
+        recorded = json.loads(fs.cat(f"{root.rstrip('/')}/{ASSEMBLED}"))
+    except (OSError, ValueError):
+        return False
+    return recorded == assembled_record(final_url)
 
 
 def check_output_format(final_url: str, nbest: int = 1, text_name: str = "text") -> OutputFormat:

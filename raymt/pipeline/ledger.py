@@ -24,6 +24,7 @@ from raymt.pipeline.lease import LEASE, Lease, OutputBusy  # noqa: F401 - re-exp
 from raymt.pipeline.storage import on_disk, storage_options
 
 PLAN = "_PLAN.json"
+ASSEMBLED = "_ASSEMBLED.json"  # in a single-file output's parts folder: the file raymt assembled there
 MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "source.spm", "target.spm", "vocab.json",
                "target_vocab.json", "decoder.yml", "model.npz", "vocab.yml", "vocab.spm",  # (these four: Marian's)
                "sentencepiece.bpe.model", "tokenizer.json")  # (M2M100 / NLLB)
@@ -40,6 +41,15 @@ def file_version(url: str) -> dict:
     info = fs.info(path)
     version = info.get("ETag") or info.get("mtime") or info.get("LastModified") or info.get("last_modified") or ""
     return {"path": url, "size": int(info.get("size") or 0), "version": str(version)}
+
+
+def assembled_record(url: str) -> dict:
+    """What names an assembled output file as raymt wrote it: path, size and content (the SHA-256 on
+    local disk, the object's ETag on a store); compared with ``_ASSEMBLED.json`` before it is replaced."""
+    fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
+    if on_disk(fs):
+        return {"path": url, "size": os.path.getsize(path), "sha256": file_digest(path)}
+    return file_version(url)
 
 
 def model_files(url: str) -> list[dict]:

@@ -1,11 +1,14 @@
-"""Parquet as an input format (``PARQUET``): planned from its footer only (row counts and schema, so
-a corpus of millions of rows plans from kilobytes), read by the row groups that hold a unit, only
-the columns needed; the other columns pass through under their output names.
+"""Parquet as an input format (``PARQUET``): planned from its footer (row counts and schema) and one
+hashing pass over its column chunks, read by the row groups that hold a unit (their column chunks
+read whole, as the checksum covers them; only the columns needed parsed); the other columns pass
+through under their output names.
 
 The checks made at planning: the footer is readable (else ``CorruptInput`` naming the file), the
 text column exists and holds strings (or bytes, decoded with replacement), the id / reference
 columns exist when named and ids are strings or numbers. Errors name the columns found. A unit is
-pinned to the footer's checksum: a file rewritten in place stops the job (``InputChanged``).
+pinned to every byte its rows come from: the column chunks of its row groups and the footer
+(``pipeline/parquet_pins.py``, which states the cost); a read parses the very bytes it checked, and
+a file changed in place, whatever its size, time or footer, stops the job (``InputChanged``).
 """
 from __future__ import annotations
 
@@ -17,8 +20,8 @@ import pyarrow.parquet as pq
 
 from raymt.pipeline.errors import InputError
 from raymt.pipeline.formats import missing_id
+from raymt.pipeline.parquet_pins import plan_layout, read_pinned
 from raymt.pipeline.storage import storage_options
-from raymt.pipeline.textfiles import unit_checksum
 from raymt.pipeline.workunit import Columns, FilePlan, InputFormat, UnitRows, WorkUnit, check_content, languages
 from raymt.pipeline.writers import output_name
 
@@ -29,27 +32,12 @@ class CorruptInput(InputError):
 
 def plan_parquet(path: str, columns: Columns, unit_rows: int | None = None) -> FilePlan:
     try:
-        schema, rows, footer = _footer(path)
-    except Exception as e:  # noqa: BLE001 - any unreadable footer is a corrupt file
+        with fsspec.open(path, "rb", **storage_options(path)) as f:
+            meta, layout = plan_layout(f)
+        schema = meta.schema.to_arrow_schema()
+    except Exception as e:  # noqa: BLE001 - any unreadable footer or column chunk range is a corrupt file
         raise CorruptInput(f"{path}: not a readable Parquet file ({e})") from e
-    return FilePlan(rows, check_schema(path, schema, columns), footer)
-
-
-def _footer(path: str) -> tuple[pa.Schema, int, str]:
-    """The schema, rows and footer checksum of a Parquet file."""
-    with fsspec.open(path, "rb", **storage_options(path)) as f:
-        meta = pq.ParquetFile(f).metadata
-        return meta.schema.to_arrow_schema(), meta.num_rows, footer_checksum(f)
-
-
-def footer_checksum(f) -> str:
-    """The checksum of a Parquet file's footer (its metadata: every row group's column chunks, their
-    offsets, sizes and statistics), read from the open file ``f``: a rewritten file has another."""
-    f.seek(-8, 2)
-    tail = f.read(8)  # (4-byte little-endian footer length, b"PAR1")
-    length = int.from_bytes(tail[:4], "little")
-    f.seek(-8 - length, 2)
-    return unit_checksum(f.read(length) + tail)
+    return FilePlan(meta.num_rows, check_schema(path, schema, columns), layout)
 
 
 def check_schema(path: str, schema: pa.Schema, columns: Columns) -> str | None:
@@ -75,23 +63,17 @@ def check_schema(path: str, schema: pa.Schema, columns: Columns) -> str | None:
 
 
 def read_parquet_rows(unit: WorkUnit, pick: Callable[[list[str]], list[str]]) -> pa.Table | None:
-    """A Parquet unit's rows (only the row groups that hold them are read), of the columns ``pick``
-    chooses from the file's names; None when it chooses none."""
+    """A Parquet unit's rows, of the columns ``pick`` chooses from the file's names (None when it
+    chooses none), parsed from the footer and row groups read once and checked against the plan."""
     with fsspec.open(unit.path, "rb", **storage_options(unit.path)) as f:
-        check_content(unit, footer_checksum(f))
-        pf = pq.ParquetFile(f)
-        names = pick(pf.schema_arrow.names)
-        if not names:
-            return None
-        groups, first, seen = [], None, 0
-        for g in range(pf.metadata.num_row_groups):
-            n = pf.metadata.row_group(g).num_rows
-            if seen + n > unit.start and seen < unit.stop:
-                groups.append(g)
-                first = seen if first is None else first
-            seen += n
-        table = pf.read_row_groups(groups, columns=names)
-    return table.slice(unit.start - first, unit.stop - unit.start)
+        pinned = read_pinned(f, unit.start, unit.stop)
+    check_content(unit, pinned.checksum)
+    pf = pq.ParquetFile(pinned.file, metadata=pinned.metadata, pre_buffer=False)
+    names = pick(pf.schema_arrow.names)
+    if not names:
+        return None
+    table = pf.read_row_groups(pinned.groups, columns=names)
+    return table.slice(unit.start - pinned.first, unit.stop - unit.start)
 
 
 def read_parquet_unit(unit: WorkUnit, columns: Columns, rows: list[int]) -> UnitRows:

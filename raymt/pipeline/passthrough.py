@@ -7,7 +7,7 @@ They are read again when a unit commits, from the same pinned unit (size and ver
 and after), rather than carried through the encoder and decoder: the decode path (Ray Data blocks,
 the decoder's queue) holds token ids and the text only, however wide or heavy the other columns are,
 and a unit's extra columns sit in memory only while its part is written. The cost is reading the
-unit's rows a second time (for Parquet only the other columns of its row groups).
+unit's rows a second time (for Parquet its row groups, every column, which its checksum covers).
 
 A column whose name the output already uses (``translation``, ``score``, ``status``, ...) is
 renamed ``input_<name>``; ``--no-passthrough`` leaves them all out.

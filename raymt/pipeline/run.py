@@ -35,44 +35,22 @@ from raymt.pipeline.driver import DecodersUnavailable, Driver, check_placeable
 from raymt.pipeline.errors import JobStopped, stop_for, stopping_cause
 from raymt.pipeline.evaluate import EvalStats, Scores, score
 from raymt.pipeline.formats import unread_ids
-from raymt.pipeline.guards import check_output, check_output_format, check_writable
+from raymt.pipeline.guards import check_output, check_output_format, check_owned, check_writable
 from raymt.pipeline.lease import Lease, LeaseLost
-from raymt.pipeline.hold import GATES
-from raymt.pipeline.hub import WORKER_VARS, ResolvedModel, hub_id, resolve_model
+from raymt.pipeline.hub import ResolvedModel, hub_id, resolve_model
 from raymt.pipeline.ledger import PlanMismatch, PlanRecord, model_files, model_pins, snapshot_files
 from raymt.pipeline.model_check import check_model
 from raymt.pipeline.records import JobSummary, UnitMarker
 from raymt.pipeline.settings import PipelineConfig, PipelineResult
 from raymt.pipeline.sink import OutputStore, assemble, output_table
-from raymt.pipeline.timeline import Progress, Snapshot
+from raymt.pipeline.ray_session import init_ray, stop_ray  # noqa: F401  (stop_ray: for the jobs)
+from raymt.pipeline.timeline import Progress, Snapshot, Ticker
 from raymt.pipeline.units import Plan, WorkUnit, auto_unit_rows, plan_units
 from raymt.workers.device import on_gpu
 
 __all__ = ["DecodersUnavailable", "check_placeable", "JobStopped", "PipelineConfig", "PipelineResult", "PlanMismatch",
            "UnitsFailed", "run_pipeline"]
 logger = logging.getLogger(__name__)
-_AWS_VARS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-             "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION")
-
-
-def init_ray(**kwargs) -> None:
-    """Join ``RAY_ADDRESS`` (or the job's cluster under ``ray job submit``), else start a local one.
-
-    The AWS variables of the driver are passed to every worker, so s3:// works the same in actors
-    (and a fault test's gates, ``pipeline/hold.py``), and so are ``HF_TOKEN`` and ``HF_ENDPOINT``
-    (each node fetches a hub model into its own cache: ``pipeline/hub.py``).
-    """
-    import ray
-    from ray.data import DataContext
-    DataContext.get_current().enable_progress_bars = False  # the job prints its own progress lines
-    for name, level in (("ray.data._internal.progress", logging.ERROR), ("ray.data", logging.WARNING)):
-        logging.getLogger(name).setLevel(level)  # "progress bars disabled", per-dataset INFO lines
-    if ray.is_initialized():
-        return
-    env = {k: os.environ[k] for k in _AWS_VARS + WORKER_VARS + GATES if k in os.environ}
-    ray.init(runtime_env={"env_vars": env} if env else None, **kwargs)
-
-
 def _decoder_pool(cfg: PipelineConfig, cluster_cpus: float, cluster_gpus: float) -> tuple[int, int, float, float]:
     gpus = cfg.gpus_per_decoder
     cpus = cfg.cpus_per_decoder or float(cfg.decoder.decode.runtime.threads)
@@ -175,6 +153,7 @@ def run_pipeline(cfg: PipelineConfig, finish: Callable[[OutputStore], object] | 
     fmt = check_output_format(cfg.assemble_to, cfg.decoder.decode.search.num_hypotheses, cfg.columns.text) \
         if cfg.assemble_to else None  # a name asking for a format the job does not write: refused here
     check_output(cfg.input, cfg.decoder.output, cfg.assemble_to, source.path)
+    check_owned(cfg.decoder.output, cfg.assemble_to, cfg.overwrite)  # never a user's file replaced
     plan: Plan = plan_units(cfg.input, cfg.columns, _unit_rows(cfg), skip_corrupt=cfg.skip_corrupt)
     record = plan_record(cfg, plan, source)
     check_writable(cfg.decoder.output, cfg.assemble_to)
@@ -290,7 +269,18 @@ def _decode_here(cfg: PipelineConfig, result: PipelineResult, store: OutputStore
             last[0] = time.perf_counter()
             print(progress.line(last[0] - start, len(todo)), flush=True)
 
+    def tick() -> None:  # no slice (a huge row being read, tokenised and split): the line says what it does
+        if time.perf_counter() - last[0] >= cfg.progress_every_s:
+            last[0] = time.perf_counter()
+            print(f"{progress.line(last[0] - start, len(todo))}  ({worker.phase})", flush=True)
+
     worker = DecoderWorker(cfg.decoder, cfg.columns, report=report)
+    with Ticker(cfg.progress_every_s, tick):
+        _decode_units_here(cfg, result, todo, lease, worker, progress)
+
+
+def _decode_units_here(cfg: PipelineConfig, result: PipelineResult, todo: list[WorkUnit], lease: Lease,
+                       worker: DecoderWorker, progress: Progress) -> None:
     for unit in todo:
         for attempt in range(1, cfg.max_attempts + 1):
             lease.check()

@@ -61,6 +61,7 @@ class PipelineConfig:
     max_attempts: int = 3  # a unit that fails this often (its actor died, or it raised) is reported failed
     progress_every_s: float = 10.0
     restart: bool = False  # discard an output started by another plan instead of refusing
+    overwrite: bool = False  # replace an existing --output file raymt did not write, or write among others' files
     local_rows: int = 1000  # no cluster address and at most this many rows: decode in this process (0: never)
     in_process: bool = False  # always decode in this process (no Ray)
     health: Health = field(default_factory=Health)

@@ -7,6 +7,7 @@ Layout under the output directory (``<plan>``: the first 8 hex digits of the pla
     _stats/<unit>-<plan>.parquet   the decoder actor's stats row(s) for that unit
     _SUCCESS                   the job summary, once every unit is committed
 
+    _ASSEMBLED.json            the single file assembled from the parts (path, size, content), if any
     _PLAN.json                 what the units were cut from and how they are decoded (pipeline/ledger.py)
     _LEASE.json                the job writing the output, while it runs (pipeline/lease.py)
     _LEASE.lock                its lock on local disk, naming its holder (pipeline/disklock.py)
@@ -28,6 +29,7 @@ merely named like a part, or any other file of the user's, is kept.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 from collections import Counter
@@ -42,7 +44,7 @@ import pyarrow.parquet as pq
 from raymt.pipeline.errors import stop_for
 from raymt.pipeline.formats import OutputFormat, output_format
 from raymt.pipeline.lease import LEASE, LOCK, Fence
-from raymt.pipeline.ledger import PLAN, PlanRecord
+from raymt.pipeline.ledger import ASSEMBLED, PLAN, PlanRecord, assembled_record
 from raymt.pipeline.records import JobSummary, UnitMarker
 from raymt.pipeline.storage import on_disk, open_whole, put_whole, retrying, storage_options
 from raymt.pipeline.writers import lines_of, part_columns
@@ -178,7 +180,7 @@ class OutputStore:
         stems = set(self._marker_stems())
         named = {f"{s}.parquet" for s in stems}
         distilled = {f"part-{_unit_of(s, tags)}.parquet" for s in stems} | {"_SUMMARY.json"}
-        folders = {"": lambda n: n in (PLAN, "_SUCCESS") or n[5:] in named and n.startswith("part-")
+        folders = {"": lambda n: n in (PLAN, "_SUCCESS", ASSEMBLED) or n[5:] in named and n.startswith("part-")
                    or n.startswith("part-") and n.endswith(tagged) or bool(_PROBE.match(n)),
                    "_manifest": lambda n: n.endswith(".json"),
                    "_stats": lambda n: n in named or n.endswith(tagged),
@@ -341,14 +343,16 @@ def assemble(store: OutputStore, url: str, fmt: OutputFormat | None = None) -> N
                 with pq.ParquetWriter(f, schema) as writer:
                     for part in store.parts():
                         writer.write_table(_widened(part, schema))
-                return
-            with compressed_writer(f, fmt.compression) as out:
-                for part in store.parts(part_columns(fmt)):
-                    out.write(lines_of(part, fmt).encode())
+            else:
+                with compressed_writer(f, fmt.compression) as out:
+                    for part in store.parts(part_columns(fmt)):
+                        out.write(lines_of(part, fmt).encode())
     except OSError as e:
         if stop := stop_for(e, f"assembling {url}"):
             raise stop from None
         raise
+    # what is there now is raymt's: a rerun may replace it (``guards.check_owned``)
+    store.write_bytes(ASSEMBLED, json.dumps(assembled_record(url), sort_keys=True).encode())
 
 
 @contextlib.contextmanager

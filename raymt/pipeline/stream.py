@@ -27,6 +27,7 @@ from raymt.pipeline.line_inputs import TEXT
 from raymt.pipeline.settings import DecoderSettings
 from raymt.pipeline.sink import compressed_writer
 from raymt.pipeline.loading import load_decoder
+from raymt.pipeline.guards import OutputRefused
 from raymt.pipeline.storage import open_whole, storage_options
 from raymt.pipeline.textfiles import open_lines
 from raymt.pipeline.units import Columns, InputError, WorkUnit
@@ -100,9 +101,15 @@ class StreamTranslator:
 
 
 def translate_stream(input_url: str, output_url: str, settings: DecoderSettings, columns: Columns, *,
-                     stdin: IO[bytes], stdout: IO[bytes], batch_rows: int = 64) -> StreamResult:
-    """Translate ``input_url`` (``-``: ``stdin``) into ``output_url`` (``-``: ``stdout``, flushed per batch)."""
+                     stdin: IO[bytes], stdout: IO[bytes], batch_rows: int = 64, overwrite: bool = False) -> StreamResult:
+    """Translate ``input_url`` (``-``: ``stdin``) into ``output_url`` (``-``: ``stdout``, flushed per batch).
+    A stream keeps no records, so an existing output file is replaced only with ``overwrite``."""
     source = stream_format(input_url)
+    if output_url != STDIO and not overwrite:
+        fs, path = fsspec.core.url_to_fs(output_url, **storage_options(output_url))
+        if fs.exists(path):
+            raise OutputRefused(f"--output {output_url} exists (a stream keeps no record that raymt wrote it): pass "
+                                f"--overwrite to replace it, or choose another --output")
     nbest = settings.decode.search.num_hypotheses
     fmt = OutputFormat("text", nbest=nbest, text_name=columns.text) if output_url == STDIO \
         else output_format(output_url, nbest, columns.text)

@@ -161,3 +161,23 @@ class Progress:
         eta = f"  ETA ~{(self.rows_total - done) * elapsed / done:.0f}s" if done else ""
         return (f"[{elapsed:7.1f}s] rows ~{done:.0f}/{self.rows_total} (units {len(self.done_units)}/{units} "
                 f"committed)  decoding {speed:.0f} tokens/s{eta}")
+
+
+class Ticker:
+    """Calls ``fn`` every ``every_s`` seconds on a daemon thread while the ``with`` block runs."""
+
+    def __init__(self, every_s: float, fn: Callable[[], None]) -> None:
+        self.every_s, self.fn, self._stop = every_s, fn, threading.Event()
+        self._thread = threading.Thread(target=self._run, name="raymt-progress", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.fn()
+
+    def __enter__(self) -> "Ticker":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -3,8 +3,8 @@
 A unit is (file, first row, end row) of one input file; its name is stable across runs, so a
 rerun of the same command finds which units are already committed (``raymt.pipeline.sink``) and skips
 them. Each file is planned and read by its format (``pipeline/input_formats.py``: one object per
-format, ``input_format(path)``): Parquet from its footer only, line files (text, TSV, JSON lines) by
-one scan for each unit's byte range, CSV by records.
+format, ``input_format(path)``): Parquet from its footer and one pass hashing its row groups, line
+files (text, TSV, JSON lines) by one scan for each unit's byte range, CSV by records.
 Ids are strings, one type for the whole job: an id column's values as text (int ids too); rows of an
 input without ids (text, TSV, Parquet or CSV without an id column) get their global row number as
 text, and a row of an input with ids that lacks its own (a JSON line without the id field or not
@@ -14,8 +14,9 @@ parsable, a null Parquet cell, an empty CSV cell) gets ``row:<n>``, n its global
 
 Every unit is pinned to what the plan read: the file's size and version (mtime or ETag), checked
 before and after a read, and the checksum of its content (``WorkUnit.checksum``: a line unit's
-bytes, hashed in the planning pass; a Parquet file's footer), checked on the bytes it reads, so a
-rewrite that keeps size and mtime stops the job naming the unit (``InputChanged``).
+bytes, hashed in the planning pass; a Parquet unit's row groups' column chunks and the file's
+footer, ``pipeline/parquet_pins.py``), checked on the bytes it reads, so a rewrite that keeps size
+and mtime stops the job naming the unit (``InputChanged``).
 
 Checks made by the formats here, before any actor starts: every Parquet footer is readable (else
 :class:`CorruptInput` naming the file, or the file is skipped and reported when asked), the text
@@ -33,6 +34,7 @@ from raymt.pipeline.input_formats import input_format
 from raymt.pipeline.ledger import file_version
 from raymt.pipeline.listing import check_apart, list_inputs  # noqa: F401 - (check_apart: re-exported)
 from raymt.pipeline.parquet_input import CorruptInput
+from raymt.pipeline.parquet_pins import ParquetLayout
 from raymt.pipeline.textfiles import (TEXT_CHUNK, TextLayout, read_line_range, read_text_lines,  # noqa: F401
                                       unit_checksum)
 from raymt.pipeline.workunit import Columns, InputChanged, UnitRows, WorkUnit, check_content  # noqa: F401
@@ -80,7 +82,7 @@ def plan_units(url: str, columns: Columns, unit_rows: int | Callable[[int], int]
     if not callable(unit_rows) and unit_rows < 1:
         raise ValueError("unit_rows must be >= 1")
     files = list_inputs(url)
-    found, skipped = [], []  # (file index, path, rows, id column, TextLayout or the footer's checksum)
+    found, skipped = [], []  # (file index, path, rows, id column, TextLayout or ParquetLayout)
     known = None if callable(unit_rows) else unit_rows  # text files are cut as they are counted when known
     versions = [file_version(path) for path in files]  # before reading: a file changed meanwhile is refused below
     for index, path in enumerate(files):
@@ -103,19 +105,29 @@ def plan_units(url: str, columns: Columns, unit_rows: int | Callable[[int], int]
         if isinstance(layout, TextLayout) and layout.checksums is None:
             layout = input_format(path).relayout(path, size)  # a second pass: the size depended on every file's rows
         pin = versions[index]
-        sums = layout.checksums if isinstance(layout, TextLayout) else None
-        pin["content"] = unit_checksum("".join(sums).encode()) if sums is not None else layout
+        pin["content"] = _content(layout)
         for k, start in enumerate(range(0, rows, size)):
             stop = min(start + size, rows)
             starts = layout.starts if isinstance(layout, TextLayout) else None
             span = (starts[k], starts[k + 1]) if starts is not None else (None, None)
             units.append(WorkUnit(f"{index:05d}-{start:010d}", path, start, stop, offset + start, id_column, *span,
-                                  size=pin["size"], version=pin["version"],
-                                  checksum=sums[k] if sums is not None else layout))
+                                  size=pin["size"], version=pin["version"], checksum=_checksum(layout, k, start, stop)))
         offset += rows
     for before, path in zip(versions, files):
         check_pinned(path, before["size"], before["version"], "while it was being planned")
     return Plan(tuple(units), offset, tuple(skipped), tuple(files), unit_rows=size, versions=tuple(versions))
+
+
+def _content(layout: TextLayout | ParquetLayout) -> str:
+    """A file's content checksum, as the plan record pins it."""
+    if isinstance(layout, ParquetLayout):
+        return layout.content
+    return unit_checksum("".join(layout.checksums).encode())
+
+
+def _checksum(layout: TextLayout | ParquetLayout, k: int, start: int, stop: int) -> str:
+    """The checksum of unit ``k``, rows ``start:stop`` of its file."""
+    return layout.checksum(start, stop) if isinstance(layout, ParquetLayout) else layout.checksums[k]
 
 
 def check_pinned(path: str, size: int | None, version: str | None, when: str = "since the job planned it") -> None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from raymt.pipeline.parquet_pins import ParquetLayout
     from raymt.pipeline.textfiles import TextLayout
 
 from raymt.pipeline.errors import InputError, JobStopped
@@ -42,7 +43,7 @@ class WorkUnit:
     byte_stop: int | None = None
     size: int | None = None  # the file's size and version (mtime or ETag) when planned: checked at every read
     version: str | None = None
-    checksum: str | None = None  # of the unit's bytes (line files) or the file's footer (Parquet): checked at every read
+    checksum: str | None = None  # of the bytes a unit reads (Parquet: its row groups and the footer): checked at every read
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +62,12 @@ class UnitRows:
 class FilePlan:
     """What planning one input file found: its rows, the id column to read (None: row numbers), and
     its ``layout``: a line layout (each unit's byte range and checksum, ``TextLayout``; checksums None
-    until the unit size is known) or a Parquet footer's checksum."""
+    until the unit size is known) or a Parquet one (the footer's and each row group's checksum,
+    ``ParquetLayout``)."""
 
     rows: int
     id_column: str | None
-    layout: TextLayout | str
+    layout: TextLayout | ParquetLayout
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,8 @@ def languages(cells: dict[str, list], name: str | None, n: int) -> list[str | No
 def check_content(unit: WorkUnit, checksum: str) -> None:
     """Raise ``InputChanged`` unless what a unit read has the checksum the plan recorded."""
     if unit.checksum is not None and checksum != unit.checksum:
-        what = "footer" if input_kind(unit.path) == "parquet" else f"rows {unit.start}..{unit.stop}"
+        what = f"rows {unit.start}..{unit.stop}"
+        what += " (the column chunks of its row groups, or the footer)" if input_kind(unit.path) == "parquet" else ""
         raise InputChanged(f"input {unit.path} changed since the job planned it (unit {unit.name}: the content of its "
                            f"{what} differs, though its size and time may not): translating on would mix old and new "
                            f"text. Restore the file, or rerun with --restart to translate the new input afresh")

@@ -1,6 +1,8 @@
 """The translate job's contract: .txt/.parquet in, .txt/.parquet out, input order, n-best."""
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -184,6 +186,22 @@ def test_an_in_process_job_prints_progress_inside_its_unit(demo_model_dir, tmp_p
           "--threads", "1", "--progress-every", "0.5"])
     out = capsys.readouterr().out
     assert "(units 0/1 committed)  decoding" in out and "ETA ~" in out and "in-process (decoding" in out
+
+
+def test_a_progress_line_comes_while_a_unit_is_read_and_tokenised(demo_model_dir, tmp_path, capsys, monkeypatch):
+    """No decoding step moves while a huge row is tokenised and split: the line still comes, saying so
+    (the reading is slowed here, as a row of megabytes would take it)."""
+    from raymt.pipeline.actors import EncoderWorker
+    real = EncoderWorker.encode_unit
+
+    def slow(self, unit):
+        time.sleep(1.5)
+        return real(self, unit)
+    monkeypatch.setattr(EncoderWorker, "encode_unit", slow)
+    main(["--model", str(demo_model_dir), "--input", str(ROOT / "examples" / "sample.de.txt"), "--output",
+          str(tmp_path / "o.txt"), "--beam-size", "1", "--progress-every", "0.3"])
+    assert "(units 0/1 committed)  decoding 0 tokens/s  (reading and tokenising unit 00000-0000000000)" \
+        in capsys.readouterr().out
 
 
 def test_one_model_spelled_two_ways_has_one_signature_and_bad_options_are_usage_errors(capsys):

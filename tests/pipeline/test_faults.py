@@ -356,3 +356,30 @@ def test_a_hung_encoder_is_given_up_after_the_stall_timeout(cluster, demo_model_
             kill(p)
     assert "the encoder stream delivered nothing" in (tmp_path / "driver.log").read_text(errors="replace")
     assert_exactly_once(str(out), [f"r{i:04d}" for i in range(n)])
+
+
+def test_an_input_changed_on_ray_is_one_error_line(cluster, demo_model_dir, tmp_path, monkeypatch):
+    """The stop's reason once, as the in-process route says it: no remote stack, no line per unit."""
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"Ein Hund läuft über die Wiese Nummer {i:05d}.\n" for i in range(600)))
+    out, gate = tmp_path / "out", tmp_path / "gate"
+    stale = frozenset(ray_processes("MapWorker"))
+    gate.touch()
+    monkeypatch.setenv(BEFORE_ENCODE, str(gate))  # the encoder waits before its first block: planned, not read
+    proc = spawn_driver(cluster, job(demo_model_dir, src, out, "--unit-rows", "50", "--decoders", "1"),
+                        tmp_path / "driver.log")
+    try:
+        wait_until(lambda: ray_processes("MapWorker", stale), proc, what="the encoder actor")
+        src.write_text(src.read_text().replace("Hund", "Katz"))  # same size, other text
+        gate.unlink()
+        assert proc.wait(timeout=300) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = (tmp_path / "driver.log").read_text(errors="replace").splitlines()
+    [error] = [x for x in lines if x.startswith("error:")]
+    assert f"input {src} changed since the job planned it" in error
+    logged = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|\[\d{4}-\d\d-\d\d |\[\s*\d+\.\d+s\] rows )")
+    assert [x for x in lines if not logged.match(x)] == [error], lines  # nothing but log records and the reason
+    assert not any("cannot encode unit" in x or "Traceback" in x or "Unhandled error" in x for x in lines), lines
+    assert not (out / "_SUCCESS").exists()
