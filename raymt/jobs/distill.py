@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> dict:
     g.add_argument("--max-length-ratio", type=float, default=3.0, help="filter: target/source words outside [1/r, r]")
     g.add_argument("--min-score", type=float, default=float("-inf"), help="filter: length-normalised log-prob below")
     args = p.parse_args(argv)
+    if args.split_sentences is None:  # a bitext row is one training pair: decoded whole unless asked
+        args.split_sentences = False
     if args.output.endswith((".txt", ".parquet")):
         raise SystemExit("error: --output of a distillation run is a folder (it holds parts and distilled/)")
     if args.target_column:

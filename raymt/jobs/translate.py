@@ -13,7 +13,8 @@ into the hub cache and pinned to its commit; ``HF_HOME``, ``HF_TOKEN``, ``HF_HUB
 ``--input``: text (one sentence a line), ``.tsv`` (``--column N``), ``.jsonl`` (``--text-field``), ``.csv``
 (a header row naming the columns), each also ``.gz`` / ``.bz2`` / ``.xz`` / ``.zst``, a ``.parquet`` file
 (CSV and Parquet: columns ``--text-column``, optional ``--id-column`` / ``--reference-column``), or a
-directory of them. A row over ``--max-row-chars`` characters is not decoded (status ``too_long``).
+directory of them. A row over ``--max-row-chars`` characters is not decoded (status ``too_long``); a
+row of several sentences is translated a sentence at a time and rejoined (``--no-split-sentences``: whole).
 ``--output``: a directory (one
 Parquet part per work unit: id, row, source, translation, score, nbest, status, reason, signature,
 the input's other columns unless ``--no-passthrough``; ``_manifest/``, ``_stats/``, ``_PLAN.json``,
@@ -180,7 +181,8 @@ def decode_config(args: argparse.Namespace, search: SearchConfig = DEFAULTS.sear
         if args.shortlist else None
     return DecodeConfig(search=search_config(args, search), batching=batching_config(args),
                         runtime=RuntimeConfig(device=device_of(args), threads=args.threads, speedups=speedups_of(args)),
-                        shortlist=shortlist, max_row_chars=args.max_row_chars)
+                        shortlist=shortlist, max_row_chars=args.max_row_chars,
+                        split_sentences=DEFAULTS.split_sentences if args.split_sentences is None else args.split_sentences)
 
 
 def load_shortlist_for(args: argparse.Namespace, translator: CoreDecoder):
@@ -214,7 +216,8 @@ def signature(args: argparse.Namespace, decode: DecodeConfig) -> str:
         f"|shortlist:{args.shortlist}:{args.shortlist_m}:{args.shortlist_n}" if args.shortlist else "") + (
         "" if precision == "float32" else f"|{precision}") + (
         f"|langs:{args.source_lang}>{args.target_lang}" if args.source_lang or args.target_lang else "") + (
-        f"|max-row-chars:{decode.max_row_chars}" if decode.max_row_chars != DEFAULTS.max_row_chars else "")
+        f"|max-row-chars:{decode.max_row_chars}" if decode.max_row_chars != DEFAULTS.max_row_chars else "") + (
+        "|sentences" if decode.split_sentences else "")
 
 
 def precision_check(args: argparse.Namespace) -> None:

@@ -97,6 +97,11 @@ def add_input_flags(g) -> None:
                    help="a row of more characters is not translated: an empty translation with status too_long and "
                         "its length as the reason (a document or data blob, not a sentence or paragraph, would hold "
                         "its decoder for minutes to hours); 0: no limit")
+    g.add_argument("--split-sentences", action=argparse.BooleanOptionalAction, default=None,
+                   help="a row of several sentences (a paragraph, a post) is cut into them by the source language's "
+                        "rules, each translated on its own and rejoined with the whitespace between them, status "
+                        "'split' (a one-sentence row is unchanged); default: on for translate, off for distill "
+                        "(a bitext row is one training pair)")
     g.add_argument("--source-lang-column", "--source-lang-field", dest="source_lang_column",
                    help="M2M100 / NLLB: a Parquet column or JSONL field of per-row source languages (an empty one: "
                         "--source-lang)")

@@ -64,7 +64,8 @@ class Translator:
     @classmethod
     def load(cls, model: str, *, device: str = "cpu", compute_type: str = "float32", threads: int = 0,
              shortlist: str | ShortlistSource | None = None, search: SearchConfig | None = None,
-             max_batch_tokens: int = 0, max_row_chars: int = DEFAULTS.max_row_chars) -> Translator:
+             max_batch_tokens: int = 0, max_row_chars: int = DEFAULTS.max_row_chars,
+             split_sentences: bool = DEFAULTS.split_sentences) -> Translator:
         """``model``: a model directory, local or a URL (``s3://``, ``gs://``, any fsspec URL), or a
         Hugging Face hub id (``org/name[@revision]``: fetched into the hub cache, ``pipeline/hub.py``).
         ``device``: cpu | cuda | cuda:N | auto. ``compute_type``: float32 | int8 | bfloat16 | float16.
@@ -73,13 +74,15 @@ class Translator:
         None: the model's own (``core.model_search_config()``: an M2M100 / NLLB directory's generation
         settings, the command line's defaults for a Marian one).
         ``max_batch_tokens`` > 0: cap each decode step by source tokens instead of sentences.
-        ``max_row_chars``: a longer text translates to "" with status ``too_long`` (0: no limit)."""
+        ``max_row_chars``: a longer text translates to "" with status ``too_long`` (0: no limit).
+        ``split_sentences``: a text of several sentences is translated a sentence at a time and
+        rejoined with its whitespace (``workers/sentences.py``); False: as one sequence."""
         on_gpu = resolve_device(device).type == "cuda"
         decode = DecodeConfig(search=search or DEFAULTS.search,
                               batching=batching_for(on_gpu, shortlist=bool(shortlist), max_batch_tokens=max_batch_tokens),
                               runtime=RuntimeConfig(device=device, threads=threads, speedups=speedups_for(compute_type)),
                               shortlist=ShortlistSource(shortlist) if isinstance(shortlist, str) else shortlist,
-                              max_row_chars=max_row_chars)
+                              max_row_chars=max_row_chars, split_sentences=split_sentences)
         translator = cls.from_config(model, decode)
         if search is None:
             translator.decode = replace(decode, search=translator.core.model_search_config())
@@ -112,13 +115,14 @@ class Translator:
         encode = source_encoder(tok, source_lang) if source_lang is None or isinstance(source_lang, str) \
             else _per_row_encoders(tok, source_lang, len(cells))  # (M2M100 / NLLB: the source language bound)
         forced = self.core.forced_first(target_lang, len(cells))  # per row (None: a Marian model)
+        language = source_lang or getattr(tok, "source_lang", None)  # (the sentence splitter's rules)
         prepared = prepare_rows(cells, encode, self.core.checkpoint.model.config.max_position_embeddings,
-                                self.decode.max_row_chars)
+                                self.decode.max_row_chars, language, self.decode.split_sentences)
         forced = None if forced is None else [forced[row] for row in prepared.piece_row]
         hyps = self.core.decode_ids(prepared.pieces, cfg, self.shortlist, self.decode.batching.schedule,
                                     stats=self.stats, static=self.decode.batching.static,
                                     forced_first=forced).hypotheses if prepared.pieces else []
-        joined = join_rows(len(cells), prepared.piece_row, hyps, tok.decode_all)
+        joined = join_rows(len(cells), prepared.piece_row, hyps, tok.decode_all, prepared.piece_space)
         return [RowTranslation(joined.texts[i], joined.scores[i], prepared.statuses[i], prepared.reasons[i],
                                tuple(joined.nbest(i))) for i in range(len(cells))]
 

@@ -99,7 +99,9 @@ class Translate:
     ``compute_type`` float32 | int8 | bfloat16 | float16, ``threads``, ``shortlist``,
     ``max_batch_tokens``); ``search``: the beam search (default: the command line's, an M2M100 /
     NLLB directory's own generation settings over it). Cells go through the job's row path
-    (``raymt.workers.rows``): a cell longer than the model's positions is split and joined, control
+    (``raymt.workers.rows``): a cell of several sentences is translated a sentence at a time and
+    rejoined with its whitespace (``split_sentences=False``: as one sequence), a cell longer than the
+    model's positions is split and joined, control
     characters are removed, and a cell of more than ``max_row_chars`` characters (0: no limit) gets
     "" and ``too_long: <n> characters, ...`` in ``translation_error`` without being decoded.
     Rows arrive in any batch format (pyarrow, pandas, numpy dicts) and leave in the same one.
@@ -117,14 +119,15 @@ class Translate:
                  threads: int = 0, shortlist: str | None = None, max_batch_tokens: int = 0,
                  source_lang: str | None = None, target_lang: str | None = None,
                  source_lang_column: str | None = None, target_lang_column: str | None = None,
-                 max_row_chars: int = MAX_ROW_CHARS) -> None:
+                 max_row_chars: int = MAX_ROW_CHARS, split_sentences: bool = True) -> None:
         from raymt.pipeline.api import Translator  # (torch: only inside the actor)
 
         self.column, self.output_column = column, output_column
         self._closed, self.stats = False, TranslateStats()
         self.translator = Translator.load(model, device=device, compute_type=compute_type, threads=threads,
                                           shortlist=shortlist, search=search,
-                                          max_batch_tokens=max_batch_tokens, max_row_chars=max_row_chars)
+                                          max_batch_tokens=max_batch_tokens, max_row_chars=max_row_chars,
+                                          split_sentences=split_sentences)
         target_lang = target_lang or self.translator.core.default_target_lang  # (the model's forced_bos_token_id)
         self.languages = _Languages(source_lang, target_lang, source_lang_column, target_lang_column)
         self.languages.check(self.translator.core.checkpoint.tokenizer)

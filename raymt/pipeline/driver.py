@@ -144,7 +144,8 @@ class Driver:
                                                                   "columns": self.cfg.columns,
                                                                   "source_lang": self.cfg.decoder.source_lang,
                                                                   "target_lang": self.cfg.decoder.target_lang,
-                                                                  "max_row_chars": self.cfg.decoder.decode.max_row_chars},
+                                                                  "max_row_chars": self.cfg.decoder.decode.max_row_chars,
+                                                                  "split_sentences": self.cfg.decoder.decode.split_sentences},
                             batch_size=1, batch_format="pyarrow", compute=ActorPoolStrategy(size=self.cfg.encoders),
                             num_cpus=self.cfg.encoder_cpus)
         for bundle in ds.iter_internal_ref_bundles():

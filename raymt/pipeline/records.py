@@ -31,6 +31,7 @@ class EncodedUnit:
     piece_row: list[int]  # the row (index into ``rows``) each piece belongs to
     encode_s: float
     target_langs: list | None = None  # per row: its target language (M2M100 / NLLB column), None: the job's
+    piece_space: list[str] | None = None  # the source's whitespace after each piece (None: a space; workers/rows.py)
 
     @property
     def source_tokens(self) -> int:

@@ -78,7 +78,7 @@ class StreamTranslator:
         loaded = load_decoder(settings.model, settings.decode)
         self.translator, self.shortlist = loaded.translator, loaded.shortlist
         self.encoder = EncoderWorker(self.translator, columns, settings.source_lang, settings.target_lang,
-                                     settings.decode.max_row_chars)
+                                     settings.decode.max_row_chars, settings.decode.split_sentences)
         if not columns.target_lang:  # (a missing or unknown language: one line, here)
             self.translator.forced_first(settings.target_lang, 1)
 

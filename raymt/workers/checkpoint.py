@@ -250,7 +250,18 @@ def load_tokenizer(read: Reader) -> tuple[MarianTokenizer | LanguageTokenizer, M
         raw_tv = read("target_vocab.json")
         target_vocab = load_vocab(raw_tv) if raw_tv is not None else None
     tokenizer = MarianTokenizer(files["source.spm"], files["target.spm"], load_vocab(files["vocab.json"]), target_vocab)
+    tokenizer.source_lang = _source_lang(read)
     return tokenizer, cfg, hf
+
+
+def _source_lang(read: Reader) -> str | None:
+    """The source language a Marian directory names (``tokenizer_config.json``: ``source_lang``), for
+    the sentence splitter's rules; None where it names none or a group (``mul``)."""
+    try:
+        code = json.loads(read("tokenizer_config.json") or b"{}").get("source_lang")
+    except ValueError:
+        return None
+    return code if isinstance(code, str) and 2 <= len(code) <= 3 and code != "mul" else None
 
 
 def unique_state(model: MarianModel) -> dict[str, torch.Tensor]:

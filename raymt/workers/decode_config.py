@@ -92,6 +92,7 @@ class DecodeConfig:
     runtime: RuntimeConfig = RuntimeConfig()
     shortlist: ShortlistSource | None = None
     max_row_chars: int = MAX_ROW_CHARS  # a longer row is ``too_long``, not decoded (0: no limit; workers/inputs.py)
+    split_sentences: bool = True  # a row of several sentences is decoded a sentence at a time (workers/sentences.py)
 
     def __post_init__(self) -> None:
         if self.max_row_chars < 0:

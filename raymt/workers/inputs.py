@@ -7,9 +7,10 @@ Statuses (joined with ``+`` when several apply, e.g. ``normalised+split``):
 * ``empty``       empty or whitespace only: empty translation, the model is not run;
 * ``normalised``  invalid UTF-8 replaced by U+FFFD, control characters removed (tab / newline ->
                   space); the cleaned text is translated and the reason says what changed;
-* ``split``       longer than the model's positions: cut into sentences (an over-long sentence at
-                  spaces, a word by characters), each translated, the translations joined with a
-                  space. Nothing is dropped.
+* ``split``       several sentences (``workers/sentences.py``), or longer than the model's
+                  positions: cut into sentences (an over-long sentence at spaces, a word by
+                  characters), each translated, the translations joined with the whitespace that
+                  stood between them in the source. The reason gives the count. Nothing is dropped.
 * ``too_long``    more characters than the row limit (``--max-row-chars``, ``MAX_ROW_CHARS`` by
                   default; 0: none): empty translation, the model is not run, the reason gives the
                   row's length. A row that long is a document or a data blob, not a sentence or a
@@ -25,13 +26,14 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Callable
 
+from raymt.workers.sentences import split_sentences
+
 OK, NULL, EMPTY, NORMALISED, SPLIT, TOO_LONG = "ok", "null", "empty", "normalised", "split", "too_long"
 # Characters a row may hold and still be translated: a long paragraph (1,000-5,000 characters, a
 # few hundred to a thousand tokens) passes with room to spare; 20,000 characters (about 4,400
 # tokens of German prose) decode in 8 s with the demo model on one core, a full-size model several
 # times that; 200,000 took 51 s with the demo model: past the limit a row holds its decoder minutes.
 MAX_ROW_CHARS = 20_000
-_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
 _SPACE_LIKE = {"\t", "\n", "\r", "\x0b", "\x0c", "\x85", "\u2028", "\u2029"}
 
 
@@ -95,38 +97,55 @@ def clean_text(value: str | bytes | None, max_chars: int = 0) -> CleanText:
     return CleanText(text.strip(), tuple(statuses), tuple(reasons))
 
 
+def raw_text(value: str | bytes | None) -> str:
+    """A cell as text before any cleaning (its whitespace as written): what the sentence splitter reads."""
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value.encode("utf-8", errors="replace").decode("utf-8")
+
+
 def _is_control(ch: str) -> bool:
     return ch in _SPACE_LIKE or unicodedata.category(ch) in ("Cc", "Cs", "Co") or ch in "\u200b\ufeff"
 
 
 @dataclass(frozen=True, slots=True)
 class Pieces:
-    """A text cut into pieces that each fit the model; ``statuses`` says whether it was split / truncated."""
+    """A text cut into pieces that each fit the model, the whitespace after each (the last: ""), and
+    whether it was split / truncated."""
 
     texts: tuple[str, ...]
+    spaces: tuple[str, ...] = ("",)
     statuses: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
 
 
-def split_to_fit(text: str, token_count: Callable[[str], int], limit: int) -> Pieces:
+def split_to_fit(text: str, token_count: Callable[[str], int], limit: int, language: str | None = None) -> Pieces:
     """Cut ``text`` into consecutive pieces of at most ``limit`` tokens each.
 
-    Algorithm: a text over the limit is cut at sentence ends, one sentence a piece (what
-    sentence-level models such as OPUS-MT translate best); a sentence still over the limit is cut at
-    spaces, its words packed greedily into pieces that fit. A single word over the limit is cut by characters (binary search on the longest prefix that
-    fits; ``limit`` must fit one character, true of any sentencepiece model with limit >= 8).
+    Algorithm: a text over the limit is cut into its sentences (``workers/sentences.py``, by the
+    rules of ``language``), one sentence a piece (what sentence-level models such as OPUS-MT
+    translate best); a sentence still over the limit is cut at spaces, its words packed greedily
+    into pieces that fit. A single word over the limit is cut by characters (binary search on the
+    longest prefix that fits; ``limit`` must fit one character, true of any sentencepiece model
+    with limit >= 8).
     """
     if token_count(text) <= limit:
         return Pieces((text,))
-    segments: list[str] = []  # whole sentences, or chunks of one over-long sentence's words
-    for sentence in _SENTENCE_END.split(text):
+    sentences = split_sentences(text, language)
+    pieces: list[str] = []  # whole sentences, or chunks of one over-long sentence's words
+    spaces: list[str] = []
+    for sentence, space in zip(sentences.texts, sentences.separators):
         if token_count(sentence) <= limit:
-            segments.append(sentence)
+            chunks = [sentence]
         else:
             words = [w for word in sentence.split() for w in _cut_word(word, token_count, limit)]
-            segments += _pack(words, token_count, limit)
-    pieces = segments  # one sentence a piece: sentence-level models translate sentences best
-    return Pieces(tuple(pieces), (SPLIT,), (f"{token_count(text)} tokens > {limit}: split into {len(pieces)} pieces",))
+            chunks = _pack(words, token_count, limit)
+        pieces += chunks
+        spaces += [" "] * (len(chunks) - 1) + [space]
+    return Pieces(tuple(pieces), tuple(spaces), (SPLIT,),
+                  (f"{token_count(text)} tokens > {limit}: split into {len(pieces)} pieces",))
 
 
 def _pack(parts: list[str], token_count: Callable[[str], int], limit: int) -> list[str]:

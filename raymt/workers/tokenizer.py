@@ -39,6 +39,7 @@ class MarianTokenizer:
         self.source_vocab = vocab
         self.target_vocab = target_vocab if target_vocab is not None else vocab
         self.separate_vocabs = target_vocab is not None
+        self.source_lang: str | None = None  # the language its directory names (the sentence splitter's rules)
         for name, v in (("vocab", self.source_vocab), ("target vocab", self.target_vocab)):
             missing = [t for t in ("</s>", "<unk>", "<pad>") if t not in v]
             if missing:

@@ -51,7 +51,7 @@ def test_flags_left_out_take_the_models_settings_and_flags_given_win(early_dir, 
     fr = transformers.M2M100Tokenizer.from_pretrained(str(early_dir)).get_lang_id(TARGET)
     rows = job(early_dir, corpus, tmp_path / "default.parquet", "--target-lang", TARGET)
     assert [r["translation"] for r in rows] == texts(early_dir, hf_reference(early_dir, lines, forced_bos_token_id=fr))
-    assert rows[0]["signature"].split("|", 1)[1] == f"{EFFECTIVE}|batching:topup|langs:{SOURCE}>{TARGET}"
+    assert rows[0]["signature"].split("|", 1)[1] == f"{EFFECTIVE}|batching:topup|langs:{SOURCE}>{TARGET}|sentences"
     rows = job(early_dir, corpus, tmp_path / "given.parquet", "--target-lang", TARGET, "--beam-size", "2",
                "--no-early-stopping")
     want = hf_reference(early_dir, lines, forced_bos_token_id=fr, num_beams=2, early_stopping=False)
@@ -76,7 +76,7 @@ def test_the_settings_target_language_is_the_default_and_refusals_are_one_line(e
     (model / "generation_config.json").write_text(json.dumps({**GENERATION, "forced_bos_token_id": fr}))
     rows = job(model, corpus, tmp_path / "forced.parquet")  # no --target-lang: the model's
     assert [r["translation"] for r in rows] == texts(model, hf_reference(model, held_out_lines()))
-    assert rows[0]["signature"].endswith(f"|langs:{SOURCE}>{TARGET}")
+    assert rows[0]["signature"].endswith(f"|langs:{SOURCE}>{TARGET}|sentences")
     with pytest.raises(SystemExit) as error:  # --nbest over the model's beam size: says where the beam comes from
         job(model, corpus, tmp_path / "nbest.txt", "--nbest", "6")
     assert error.value.code == 2 and "num_beams 5; give --beam-size" in capsys.readouterr().err
