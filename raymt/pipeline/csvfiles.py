@@ -7,12 +7,25 @@ of records, never of bytes or lines.
 
 Planning reads the file once with pyarrow's streaming reader (``pyarrow.csv.open_csv``): it checks
 the header (``plan_csv``: the text column, and the id / reference columns when named) and counts the
-records; a file pyarrow cannot parse (a record with a column too many or too few, a quote never
-closed) is refused there, before any work, naming it. A unit reads its records ``start:stop`` the
-same way, from the file's start, skipping the records before its own (a compressed line file is
-read alike, ``pipeline/textfiles.py``): parsing only, about (units / 2) passes over the file in all,
-and only the unit's records are kept. A record longer than the reader's block is read again with a
-block 4x larger (up to 1 GiB), so one huge row is read, not refused.
+records; a file pyarrow cannot parse (a record with a column too many or too few) is refused there,
+before any work, naming it. pyarrow reads a quote left open to the end of the file as one field
+(the records after it swallowed), so the same pass follows the quotes (``pipeline/csv_quotes.py``)
+and refuses, in one line naming the file and the line the quote opened on:
+
+* a quote never closed: the file ends inside a quoted field (``a quote opened on line 2 (record 1)
+  is never closed``);
+* a quoted field that spans lines and whose closing quote is followed by text, not a delimiter, a
+  blank or a line end: a quote left open, closed by the opening quote of a later quoted field.
+
+Quoted fields that hold newlines, commas and doubled quotes, closed where they end, are records as
+always; a quote inside an unquoted field is text. A stray quote closed by another stray quote right
+before a delimiter or a line end reads as a legitimate multi-line field and is not caught.
+
+A unit reads its records ``start:stop`` the same way, from the file's start, skipping the records
+before its own (a compressed line file is read alike, ``pipeline/textfiles.py``): parsing only,
+about (units / 2) passes over the file in all, and only the unit's records are kept. A record
+longer than the reader's block is read again with a block 4x larger (up to 1 GiB), so one huge row
+is read, not refused.
 
 Every cell is read as bytes, so a bad byte is one row's problem: the text is decoded row by row
 (invalid UTF-8: status ``normalised``), ids, references and the other columns as UTF-8 with
@@ -30,6 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from raymt.pipeline.csv_quotes import QuoteScan, Tap
 from raymt.pipeline.formats import missing_id
 from raymt.pipeline.textfiles import TextLayout, UnreadableText, check_text, open_lines
 from raymt.pipeline.errors import InputError
@@ -53,9 +67,14 @@ def _growing(read: Callable[[int], T]) -> T:
         try:
             return read(block)
         except pa.ArrowInvalid as e:
-            if "straddl" not in str(e) or block >= MAX_CSV_BLOCK:
+            if not _straddling(e) or block >= MAX_CSV_BLOCK:
                 raise
             block *= 4
+
+
+def _straddling(e: pa.ArrowInvalid) -> bool:
+    """Whether pyarrow failed on a record longer than its block (read again with a larger one)."""
+    return "straddl" in str(e)
 
 
 def _reader(f, block: int, names: list[str] | None) -> pacsv.CSVStreamingReader:
@@ -73,22 +92,47 @@ def csv_header(url: str) -> list[str]:
                 return _reader(f, block, None).schema.names
             except pa.ArrowInvalid as e:  # raised here, not in ``open_lines`` (it would blame decompression)
                 failure = e
-        if "Empty CSV file" in str(failure):
+        empty = "Empty CSV file" in str(failure)
+        if not _straddling(failure) and (refusal := _quote_refusal(url, _scan_quotes(url), 0 if empty else None)):
+            raise refusal
+        if empty:
             return []
         raise failure
     return _growing(read)
 
 
-def _batches(url: str, names: list[str], block: int) -> Iterator[pa.RecordBatch]:
-    """Every record, in order, a block at a time, every column as bytes."""
+def _scan_quotes(url: str) -> QuoteScan:
+    """The whole file's quotes (``pipeline/csv_quotes.py``), read on their own."""
+    quotes = QuoteScan()
+    with open_lines(url) as f:
+        Tap(f, quotes).drain()
+    return quotes
+
+
+def _quote_refusal(url: str, quotes: QuoteScan, records: int | None) -> CsvRefused | None:
+    """The refusal of a file whose quotes swallowed records, or None; ``records``: the records read,
+    so the number of the last, where a quote never closed is (0: in the header; None: unknown)."""
+    if quotes.ran_on:
+        return CsvRefused(f"{url}: {quotes.ran_on}")
+    if not quotes.never_closed:
+        return None
+    where = "" if records is None else " (the header)" if records == 0 else f" (record {records})"
+    return CsvRefused(f"{url}: a quote opened on line {quotes.opened_line}{where} is never closed")
+
+
+def _batches(url: str, names: list[str], block: int, quotes: QuoteScan | None = None) -> Iterator[pa.RecordBatch]:
+    """Every record, in order, a block at a time, every column as bytes; the bytes read are fed to ``quotes``."""
     if not names:
         return
     failure = None
     with open_lines(url) as f:
+        source = f if quotes is None else Tap(f, quotes)
         try:
-            yield from _reader(f, block, names)
+            yield from _reader(source, block, names)
         except pa.ArrowInvalid as e:  # raised below, not in ``open_lines`` (it would blame decompression)
             failure = e
+        if quotes is not None and (failure is None or quotes.inside and not _straddling(failure)):
+            source.drain()  # the reader may stop short of the end; the quotes' state is the end's
     if failure is not None:
         raise failure
 
@@ -123,8 +167,8 @@ def csv_layout(url: str, unit_rows: int | None) -> TextLayout:
 
     def scan(block: int) -> TextLayout:
         rows, sums = 0, [] if unit_rows else None
-        digest = _Digest(names)
-        for batch in _batches(url, names, block):
+        digest, quotes = _Digest(names), QuoteScan()
+        for batch in _checked_quotes(url, _batches(url, names, block, quotes), quotes):
             if unit_rows:
                 at = 0
                 while at < batch.num_rows:  # cut the batch where units end
@@ -139,6 +183,24 @@ def csv_layout(url: str, unit_rows: int | None) -> TextLayout:
             sums.append(digest.hexdigest())
         return TextLayout(rows, None, sums)
     return _growing(scan)
+
+
+def _checked_quotes(url: str, batches: Iterator[pa.RecordBatch], quotes: QuoteScan) -> Iterator[pa.RecordBatch]:
+    """``batches``, the whole file's, refused (``CsvRefused``) where its quotes swallowed records: a
+    quote never closed (its record is the file's last), or a multi-line field run on past its closing quote."""
+    records = 0
+    try:
+        for batch in batches:
+            if quotes.ran_on:
+                break
+            records += batch.num_rows
+            yield batch
+    except pa.ArrowInvalid as e:  # a record cut short by a quote never closed has too few columns
+        if _straddling(e) or not quotes.never_closed:  # a longer record than the block: read again (``_growing``)
+            raise
+        records = None
+    if refusal := _quote_refusal(url, quotes, records):
+        raise refusal
 
 
 def read_records(url: str, start: int, stop: int) -> tuple[pa.Table, str]:

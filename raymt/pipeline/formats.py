@@ -26,11 +26,17 @@ same suffixes. Names that promise a format the job does not write (``.csv``, ``.
 ...) are refused before any work, never written as text.
 
 A line that cannot be parsed (invalid JSON, not an object, a missing or non-string text field, too
-few columns) is a row with status ``invalid`` and its reason, never an exception or a lost row.
+few columns) is a row with status ``invalid`` and its reason, never an exception or a lost row. So
+is a JSON line nested deeper than ``MAX_JSON_DEPTH`` (checked on the bytes, before parsing: the
+parser recurses) and one that is not valid Unicode: invalid UTF-8, or a lone surrogate, which JSON
+can spell (``"\\ud800"``) but no encoder can write. A lone surrogate in the text, the id or another
+field makes the line ``invalid``; its clean id and other fields are kept, the bad ones dropped, so no
+lone surrogate reaches the tokenizer, an id or the output's passthrough column.
 """
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}  # suffix -> fsspec compression
@@ -42,6 +48,11 @@ REFUSED_OUTPUTS = (".csv", ".json", ".xlsx", ".xls", ".ods", ".xml", ".html", ".
 SUPPORTED_OUTPUTS = ("a directory (ends in '/' or has no extension)", ".parquet", ".jsonl", ".tsv",
                      "text (.txt or any other name)", "the text ones compressed: .gz .bz2 .xz .zst")
 INVALID = "invalid"  # the status of a row whose line cannot be parsed
+MAX_JSON_DEPTH = 100  # arrays / objects a JSON line may nest (a corpus line needs a few; the parser recurses)
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKET = re.compile(rb"[\[\]{}]")
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")  # an escaped one, or one's UTF-8 form
+_SURROGATE = re.compile("[\ud800-\udfff]")  # in a decoded string: a lone one (pairs decode to one character)
 
 
 class UnsupportedOutput(ValueError):
@@ -138,23 +149,64 @@ class ParsedRow:
 def parse_jsonl(line: bytes, text_field: str = "text", id_field: str | None = None) -> ParsedRow:
     """A JSON object line -> its text field, id field (``id_field``, else ``id`` if present) and the
     other fields; an unparsable line -> a row saying why."""
+    too_deep = ParsedRow(None, problem=f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    if _nested_deeper(line, MAX_JSON_DEPTH):
+        return too_deep
     try:
         obj = json.loads(line)
+    except RecursionError:  # not reached after the check above; the parser's own limit, all the same
+        return too_deep
     except ValueError as e:  # json.JSONDecodeError and invalid UTF-8 alike
         return ParsedRow(None, problem=f"invalid JSON: {e}")
     if not isinstance(obj, dict):
         return ParsedRow(None, problem=f"a JSON {type(obj).__name__}, not an object")
+    unicode = {}  # field -> why it is not valid Unicode
+    if _MAYBE_SURROGATE.search(line):
+        unicode = {k: why for k, v in obj.items() if (why := _lone_surrogate(k, v))}
     id_name = id_field or "id"
-    raw_id = obj.get(id_name)
+    raw_id = None if id_name in unicode else obj.get(id_name)
     ident = None if raw_id is None else raw_id if isinstance(raw_id, str) else json.dumps(raw_id)
-    others = {k: v for k, v in obj.items() if k not in (text_field, id_name)}
+    others = {k: v for k, v in obj.items() if k not in (text_field, id_name) and k not in unicode}
     fields = json.dumps(others, ensure_ascii=False) if others else None
+    if unicode:
+        return ParsedRow(None, ident, fields, unicode.get(text_field) or next(iter(unicode.values())))
     if text_field not in obj:
         return ParsedRow(None, ident, fields, f"no field {text_field!r}; fields found: {sorted(obj)}")
     text = obj[text_field]
     if text is not None and not isinstance(text, str):
         return ParsedRow(None, ident, fields, f"field {text_field!r} is a JSON {type(text).__name__}, not a string")
     return ParsedRow(text, ident, fields)
+
+
+def _nested_deeper(line: bytes, limit: int) -> bool:
+    """Whether the JSON text ``line`` nests arrays / objects more than ``limit`` deep (brackets inside
+    strings do not count); a line with no more than ``limit`` brackets is not read further."""
+    if line.count(b"[") + line.count(b"{") <= limit:
+        return False
+    depth = 0
+    for bracket in _BRACKET.finditer(_JSON_STRING.sub(b"", line)):
+        depth += 1 if bracket[0] in b"[{" else -1
+        if depth > limit:
+            return True
+    return False
+
+
+def _lone_surrogate(name: str, value: object) -> str | None:
+    """Why the field ``name``: ``value`` is not valid Unicode (a lone surrogate in its name, its text
+    or a string nested in it), or None."""
+    if found := _SURROGATE.search(name):
+        return f"field name {name!r} holds a lone surrogate ({ascii(found[0])[1:-1]}), not valid Unicode"
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str) and (found := _SURROGATE.search(item)):
+            where = f"at position {found.start()}" if item is value else "in a nested string"
+            return f"field {name!r} holds a lone surrogate ({ascii(found[0])[1:-1]}) {where}, not valid Unicode"
+        if isinstance(item, dict):
+            pending += [*item, *item.values()]
+        elif isinstance(item, list):
+            pending += item
+    return None
 
 
 def parse_tsv(line: bytes, column: int = 1) -> ParsedRow:

@@ -79,6 +79,38 @@ def test_a_csv_the_job_cannot_read_as_asked_is_refused_before_any_work(tmp_path,
         plan_units(str(tmp_path / "in.csv"), columns, unit_rows=10)
 
 
+KATZEN = "".join(f"{i},Zwei Katzen {i}.\n" for i in range(2, 21))
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("in.csv", f'id,text\n1,"Ein Hund\n{KATZEN}', r"in.csv: a quote opened on line 2 \(record 1\) is never closed$"),
+    ("in.csv.gz", f'id,text\n1,"Ein Hund\n{KATZEN}', r"in.csv.gz: a quote opened on line 2 \(record 1\) is never"),
+    ("in.csv", f'id,text\n1,Eins.\n{KATZEN}21,"Ein Hund', r"on line 22 \(record 21\) is never closed$"),
+    ("in.csv", f'text,id\n"Ein Hund,1\n{KATZEN}',  # a record of too few cells: its number unknown
+     r"in.csv: a quote opened on line 2 is never closed$"),
+    ("in.csv", f'id,"text\n{KATZEN}', r"in.csv: a quote opened on line 1 \(the header\) is never closed$"),
+    ("in.csv", f'id,text\n1,"Ein Hund\n{KATZEN}21,"Ein Vogel"\n',
+     r"in.csv: a quote opened on line 2 closes on line 22 with text after it \('Ein Vogel\"'\), not a delimiter"),
+])
+@pytest.mark.parametrize("block", [csvfiles.CSV_BLOCK, 64])
+def test_a_quote_that_swallows_records_is_refused_naming_its_line(tmp_path, monkeypatch, name, content, message,
+                                                                   block):
+    monkeypatch.setattr(csvfiles, "CSV_BLOCK", block)  # 64: the records come in many blocks, the field grows
+    data = content.encode()
+    (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    with pytest.raises(csvfiles.CsvRefused, match=message) as refused:
+        plan_units(str(tmp_path / name), Columns(), unit_rows=5)
+    assert "\n" not in str(refused.value)
+
+
+def test_quoted_fields_over_many_lines_and_blocks_are_still_records(tmp_path, monkeypatch):
+    monkeypatch.setattr(csvfiles, "CSV_BLOCK", 64)
+    long = "Zeile, mit ""Zitat"".\n" * 30
+    (tmp_path / "in.csv").write_text(f'id,text\n1,"{long}"\n2,Er sagte "hallo\n3,"kurz"\n')
+    ids, texts, _ = rows_of(str(tmp_path / "in.csv"), 2)
+    assert ids == ["1", "2", "3"] and texts == [long.replace('""', '"').encode(), b'Er sagte "hallo', b"kurz"]
+
+
 def test_a_csv_input_is_translated_by_the_job_not_streamed():
     from raymt.pipeline.stream import stream_format
 

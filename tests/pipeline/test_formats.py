@@ -86,6 +86,53 @@ def test_jsonl_and_tsv_rows_bad_ones_with_their_reason():
     assert parse_tsv(b"nur eine", 2).problem == "1 tab-separated column(s), the text is asked from column 2"
 
 
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize("line, text, ident, fields, problem", [
+    (DEEP, None, None, None, "JSON nested deeper than 100 levels"),
+    (b'{"id": 1, "text": ' + DEEP + b"}", None, None, None, "JSON nested deeper than 100 levels"),
+    (b'{"text": "x", "n": ' + b"[" * 99 + b"]" * 99 + b"}", "x", None,
+     {"n": json.loads(b"[" * 99 + b"]" * 99)}, None),
+    (b'{"text": "x", "n": ' + b"[" * 100 + b"]" * 100 + b"}", None, None, None, "JSON nested deeper than 100 levels"),
+    (b'{"text": "[[[[", "n": ' + b"[" * 99 + b"]" * 99 + b"}", "[[[[", None,  # brackets in strings are text
+     {"n": json.loads(b"[" * 99 + b"]" * 99)}, None),
+    (b'{"id": "a", "text": "a\\ud800b", "k": 1}', None, "a", {"k": 1},
+     "field 'text' holds a lone surrogate (\\ud800) at position 1, not valid Unicode"),
+    (b'{"id": "a", "text": "raw \xed\xa0\x80"}', None, "a", None,  # a surrogate's UTF-8 form: the same
+     "field 'text' holds a lone surrogate (\\ud800) at position 4, not valid Unicode"),
+    (b'{"id": "a\\uDC00", "text": "Hallo", "k": 1}', None, None, {"k": 1},
+     "field 'id' holds a lone surrogate (\\udc00) at position 1, not valid Unicode"),
+    (b'{"id": "a", "text": "Hallo", "meta": {"x": ["\\udfff"]}, "lang": "de"}', None, "a", {"lang": "de"},
+     "field 'meta' holds a lone surrogate (\\udfff) in a nested string, not valid Unicode"),
+    (b'{"id": "a", "text": "Hallo", "k\\ud800": 1}', None, "a", None,
+     "field name 'k\\ud800' holds a lone surrogate (\\ud800), not valid Unicode"),
+    (b'{"text": "Lachen \\ud83d\\ude00 und \\\\ud800"}', "Lachen \U0001f600 und \\ud800", None, None, None),  # a pair
+])
+def test_a_too_deep_or_not_unicode_json_line_is_an_invalid_row_keeping_what_is_valid(line, text, ident, fields,
+                                                                                      problem):
+    row = parse_jsonl(line)
+    assert (row.text, row.id, row.problem) == (text, ident, problem)
+    assert (json.loads(row.fields) if row.fields else None) == fields
+    for value in (row.text, row.id, row.fields, row.problem):  # nothing an encoder would refuse
+        assert value is None or value.encode("utf-8")
+
+
+def test_jsonl_units_carry_no_lone_surrogate_into_ids_fields_or_languages(tmp_path):
+    (tmp_path / "in.jsonl").write_bytes(b'{"id": "a", "text": "Eins", "lang": "de", "x": 1}\n'
+                                        b'{"id": "b", "text": "Zwei", "lang": "e\\ud800n", "x": 2}\n'
+                                        b'{"id": "c\\ud800", "text": "Drei", "lang": "fr"}\n' + DEEP + b"\n")
+    columns = Columns(target_lang="lang")
+    unit = plan_units(str(tmp_path / "in.jsonl"), columns, unit_rows=10).units[0]
+    got = read_unit(unit, columns)
+    assert got.ids == ["a", "b", "row:2", "row:3"] and got.texts == ["Eins", None, None, None]
+    assert got.target_langs == ["de", None, "fr", None]
+    fields = [json.loads(f) if f else None for f in got.fields]
+    assert fields == [{"lang": "de", "x": 1}, {"x": 2}, {"lang": "fr"}, None]
+    assert [p and p.split(" holds")[0] for p in got.problems] == [None, "field 'lang'", "field 'id'",
+                                                                  "JSON nested deeper than 100 levels"]
+
+
 def test_jsonl_and_tsv_units_keep_every_row(tmp_path):
     (tmp_path / "in.jsonl.gz").write_bytes(gzip.compress(b'{"id": "a", "text": "Eins", "x": 1}\nkaputt\n'
                                                          b'{"text": "Drei"}\n'))
