@@ -3,12 +3,16 @@
     python -m benchmarks.bench --model models/demo-de-en --out docs/results/peers            # full (slow)
     python -m benchmarks.bench --sets multi30k --lines 64 --beams 2 --repeats 1 --out /tmp/peers   # smoke
     python -m benchmarks.bench --best-split --systems ours-exact,ours+int8,ct2-float32,ct2-int8 --profile ""  # splits
+    python -m benchmarks.bench --model ../shared/models/base-de-en --pad-vocab 58101 --out /tmp/peers-58k  # OPUS-MT's V
 
 Same model, input, beam, length penalty and thread count for every system, in one process,
 interleaved; model loading and a warm-up batch are excluded. Reports target tokens/s (median and
 spread), ours/CT2 and ours/HF ratios, sacreBLEU, peak-RSS growth, FLOPs per target token, achieved
 GFLOP/s and its share of two peaks, and (``--profile``) where ours' time goes by phase
 (``benchmarks/step_profile.py``). Writes ``<out>.md`` and ``<out>.json``.
+
+``--pad-vocab N``: every system runs a copy of ``--model`` whose vocabulary is padded to N words that
+are never chosen (``tools/pad_vocab.py``): the same translations at a realistic output-layer size.
 
 ``--best-split``: each peer also at every way to spend the ``--threads`` cores, workers x threads
 (2 cores: 1x2 and 2x1), and the best of each. CTranslate2: ``inter_threads`` x ``intra_threads`` in
@@ -53,6 +57,7 @@ from benchmarks.peers import (
 from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
 from raymt.pipeline.shortlist_files import load_shortlist
 from benchmarks.step_profile import step_breakdown
+from tools.pad_vocab import pad as pad_vocab
 from raymt.workers.config import PruningConfig, SearchConfig
 from raymt.workers.engine import DecodeStats
 from benchmarks.flops import flops_per_target_token
@@ -238,9 +243,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-sizes", default="32,64,128", help="CTranslate2's max_batch_size values under --best-split")
     p.add_argument("--max-tokens", type=int, default=256, help="every system's cap on generated tokens per sentence "
                    "(a shape checkpoint of benchmarks.shapes, whose EOS is unreachable, decodes every sentence to it)")
+    p.add_argument("--pad-vocab", type=int, default=0, help="benchmark a copy of --model padded to this many words "
+                   "that are never chosen (tools/pad_vocab.py; 58101: opus-mt-de-en's vocabulary)")
     p.add_argument("--out", default="docs/results/peers")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    tmp, source_model = work_dir(), args.model
+    padded = f" padded to {args.pad_vocab} words" if args.pad_vocab else ""
+    if args.pad_vocab:
+        args.model = pad_vocab(args.model, os.path.join(tmp, f"padded-{args.pad_vocab}"), args.pad_vocab)
     torch.set_num_threads(args.threads)
     translator = loaded(args, EXACT)
     best_translator, best_stats = loaded(args, INT8), DecodeStats()  # its own stats: the fan-out of ours-best
@@ -250,14 +261,13 @@ def main(argv: list[str] | None = None) -> None:
                                    special_ids=translator.special_target_ids())
     probe, isa = gemm_probe(args.threads), detect_isa()
     peak, (isa_peak, isa_how) = probe.peak, measured_isa_peak(args.threads, isa)
-    report = {"model": args.model, "threads": args.threads, "repeats": args.repeats, "gemm_peak_gflops": round(peak, 1),
+    report = {"model": source_model + padded, "threads": args.threads, "repeats": args.repeats, "gemm_peak_gflops": round(peak, 1),
               "gemm_probe": {"torch_matmul": round(probe.torch_matmul, 1), "onednn": round(probe.onednn, 1)},
               "isa": isa.describe(), "isa_peak_gflops": round(isa_peak, 1), "isa_peak": isa_how,
               "best": {"pruning": BEST_PRUNING.signature(), "shortlist": args.shortlist}, "tables": {}}
-    md = [f"# Peer benchmark\n\nmodel `{args.model}`, {args.threads} threads, median of {args.repeats} interleaved "
+    md = [f"# Peer benchmark\n\nmodel `{source_model}`{padded}, {args.threads} threads, median of {args.repeats} interleaved "
           f"runs; {isa.describe()}; GEMM probe {peak:.0f} GFLOP/s (torch matmul {probe.torch_matmul:.0f}, oneDNN "
           f"{probe.onednn:.0f}); ISA peak {isa_peak:.0f} GFLOP/s = {isa_how}. Ratios are within one run.\n"]
-    tmp = work_dir()
     count = lambda text: len(translator.checkpoint.tokenizer.target_spm.encode(text))  # noqa: E731
     for beam in map(int, args.beams.split(",")):
         cfg = SearchConfig(beam_size=beam, max_length_a=0.0, max_length_b=args.max_tokens,
