@@ -99,7 +99,7 @@ def search_config(args: argparse.Namespace, base: SearchConfig = DEFAULTS.search
     if sampling is not None:
         if args.beam_size is not None:
             raise ValueError("--beam-size is beam search's width; with sampling flags give --num-samples")
-        samples = args.num_samples or 1
+        samples = 1 if args.num_samples is None else args.num_samples
         flags |= {"beam_size": samples, "num_hypotheses": samples if args.nbest is None else args.nbest, "sampling": sampling}
     else:
         flags["num_hypotheses"] = DEFAULTS.search.num_hypotheses if args.nbest is None else args.nbest
@@ -117,8 +117,6 @@ def sampling_config(args: argparse.Namespace) -> SamplingConfig | None:
     given = {"temperature": args.sampling_temperature, "topk": args.sampling_topk, "topp": args.sampling_topp}
     if all(v is None for v in given.values()) and args.num_samples is None:
         return None
-    if args.num_samples is not None and args.num_samples < 1:
-        raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
     return SamplingConfig(**{k: v for k, v in given.items() if v is not None}, seed=args.sampling_seed)
 
 
@@ -387,8 +385,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {e}") from None
     try:
         decode = decode_config(args, search)
-    except ValueError as e:  # e.g. --nbest above --beam-size: a usage error, not a traceback
-        parser.error(str(e))
+    except ValueError as e:  # e.g. --nbest above --beam-size: a usage error in one line, not a traceback
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     if args.tsv_column < 1:
         parser.error(f"--column {args.tsv_column}: columns are counted from 1 (as cut -f)")
     run(args, decode)

@@ -16,6 +16,7 @@ import re
 
 from raymt.pipeline.dispatch import Health
 from raymt.pipeline.settings import PipelineConfig
+from raymt.workers.config import MAX_BEAM_SIZE, MAX_SAMPLING_TEMPERATURE, MIN_SAMPLING_TEMPERATURE
 from raymt.workers.decode_config import DEFAULTS, SCHEDULE, SHORTLIST
 from raymt.workers.scheduler import CapacityUnit, Policy
 
@@ -73,8 +74,8 @@ def add_user_flags(p: argparse.ArgumentParser) -> None:
                    "e.g. deu_Latn (NLLB) or de (M2M100)")
     p.add_argument("--target-lang", help="M2M100 / NLLB-200 models (required there): the target language code, "
                    "forced as each translation's first token, e.g. fra_Latn (NLLB) or fr (M2M100)")
-    p.add_argument("--beam-size", type=int, help=f"beam width (1: greedy); default: {GENERATION}, else "
-                   f"{SEARCH.beam_size}")
+    p.add_argument("--beam-size", type=int, help=f"beam width, 1 to {MAX_BEAM_SIZE} (1: greedy); default: "
+                   f"{GENERATION}, else {SEARCH.beam_size}")
     p.add_argument("--nbest", type=int, help="hypotheses kept per sentence (<= beam size; sampling: <= --num-samples): "
                    "a list column in .parquet / .jsonl, 'K ||| hypothesis ||| F0= score ||| score' lines in text; "
                    f"default {SEARCH.num_hypotheses}, with sampling --num-samples")
@@ -140,13 +141,15 @@ def add_sampling_flags(g) -> None:
     """Random sampling (``SamplingConfig``), as CTranslate2's ``sampling_*`` and Marian's
     ``--output-sampling`` offer; None: not given."""
     g.add_argument("--sampling-temperature", type=float, metavar="T",
-                   help="sample from softmax(log-probs / T), T > 0 (default 1 once sampling is on)")
-    g.add_argument("--sampling-topk", type=int, metavar="K", help="sample among each step's K most likely tokens "
-                   "(default 0: all; 1: greedy)")
+                   help=f"sample from softmax(log-probs / T), T in [{MIN_SAMPLING_TEMPERATURE:g}, "
+                   f"{MAX_SAMPLING_TEMPERATURE:g}]: colder is greedy, hotter uniform (default 1 once sampling is on)")
+    g.add_argument("--sampling-topk", type=int, metavar="K", help="sample among each step's K most likely tokens, "
+                   "an integer >= 0 (default 0: all; 1: greedy)")
     g.add_argument("--sampling-topp", type=float, metavar="P", help="then among the fewest most likely tokens holding "
-                   "P of the probability (nucleus sampling; default 1: all)")
-    g.add_argument("--num-samples", type=int, metavar="N", help="samples drawn per row (default 1), all kept as its "
-                   "n-best list unless --nbest keeps fewer, best first; the translation is the best of them")
+                   "P of the probability, P in (0, 1] (nucleus sampling; default 1: all)")
+    g.add_argument("--num-samples", type=int, metavar="N", help=f"samples drawn per row, 1 to {MAX_BEAM_SIZE} "
+                   "(default 1; each holds decoder memory as a beam does), all kept as its n-best list "
+                   "unless --nbest keeps fewer, best first; the translation is the best of them")
     g.add_argument("--sampling-seed", type=int, default=0, help="a row's samples are a function of the seed, its "
                    "source text and target language: the same however rows are batched, split into units or resumed")
 

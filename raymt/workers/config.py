@@ -4,6 +4,7 @@ Built once in ``jobs/`` and passed down; each validates itself in ``__post_init_
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import asdict, dataclass
 
 ACTIVATIONS = ("swish", "silu", "relu", "gelu", "gelu_new")
@@ -94,6 +95,19 @@ class PruningConfig:
 FAST_PRUNING = PruningConfig(rp=0.6)
 
 
+# Sampling temperatures outside these bounds change nothing a draw could want and only risk the float
+# math: at 1e-4 a token 2e-3 nats below the best is drawn with probability < e**-20 a step (greedy), at
+# 1e4 tokens 100 nats apart (a probability ratio of e**-100, about float32's smallest) weigh within 1%
+# of each other (uniform over the tokens considered). Both are normal numbers in float16 too.
+MIN_SAMPLING_TEMPERATURE = 1e-4
+MAX_SAMPLING_TEMPERATURE = 1e4
+# The widest beam, and the most samples a sentence draws: one sentence holds beam_size rows of
+# self-attention K/V and of step logits (``workers/tuning.bytes_per_sentence``), about 2 MB a row for a
+# Marian base model (6 layers, d_model 512, 58k vocabulary) at 60 target tokens, 2 GB at this cap; it
+# covers the thousand-odd samples minimum-Bayes-risk decoding draws and large-beam studies search.
+MAX_BEAM_SIZE = 1024
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingConfig:
     """Random sampling instead of beam search, named as CTranslate2 names it (``sampling_temperature``,
@@ -105,16 +119,19 @@ class SamplingConfig:
     (``raymt.workers.sampling``): the same whichever sentences share its steps, however a job is cut
     into units, and on a resume."""
 
-    temperature: float = 1.0  # > 0
+    temperature: float = 1.0  # in [MIN_SAMPLING_TEMPERATURE, MAX_SAMPLING_TEMPERATURE]
     topk: int = 0  # >= 0; 1: greedy
     topp: float = 1.0  # in (0, 1]
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not self.temperature > 0.0:
-            raise ValueError(f"sampling temperature must be > 0, got {self.temperature} (greedy: --beam-size 1)")
-        if self.topk < 0:
-            raise ValueError(f"sampling top-k must be >= 0 (0: the whole vocabulary), got {self.topk}")
+        # (written so that NaN fails every comparison and is refused)
+        if not MIN_SAMPLING_TEMPERATURE <= self.temperature <= MAX_SAMPLING_TEMPERATURE:
+            raise ValueError(f"sampling temperature must be in [{MIN_SAMPLING_TEMPERATURE:g}, "
+                             f"{MAX_SAMPLING_TEMPERATURE:g}], got {self.temperature} (colder is greedy: "
+                             "top-k 1; hotter draws uniformly)")
+        if isinstance(self.topk, bool) or not isinstance(self.topk, numbers.Integral) or self.topk < 0:
+            raise ValueError(f"sampling top-k must be an integer >= 0 (0: the whole vocabulary), got {self.topk!r}")
         if not 0.0 < self.topp <= 1.0:
             raise ValueError(f"sampling top-p must be in (0, 1], got {self.topp}")
 
@@ -147,8 +164,9 @@ class SearchConfig:
     def __post_init__(self) -> None:
         if self.sampling is not None and self.pruning.active:
             raise ValueError("beam pruning applies to beam search, not to sampling")
-        if self.beam_size < 1:
-            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if not 1 <= self.beam_size <= MAX_BEAM_SIZE:
+            name = "num_samples (sampling's beam_size)" if self.sampling is not None else "beam_size"
+            raise ValueError(f"{name} must be in [1, {MAX_BEAM_SIZE}], got {self.beam_size}")
         if not 1 <= self.num_hypotheses <= self.beam_size:
             raise ValueError(f"num_hypotheses must be in [1, beam_size={self.beam_size}], got {self.num_hypotheses}")
         if self.max_decoding_length < 1:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from raymt.workers import m2m100
-from raymt.workers.config import ModelConfig, SearchConfig
+from raymt.workers.config import MAX_BEAM_SIZE, ModelConfig, SearchConfig
 
 Reader = Callable[[str], "bytes | None"]
 
@@ -50,8 +50,9 @@ class GenerationDefaults:
     forced_bos_token_id: int | None = None  # a default target language
 
     def __post_init__(self) -> None:
-        if self.num_beams < 1:
-            raise UnsupportedGeneration(f"generation setting num_beams={self.num_beams} (must be >= 1)")
+        if not 1 <= self.num_beams <= MAX_BEAM_SIZE:
+            raise UnsupportedGeneration(f"generation setting num_beams={self.num_beams} "
+                                        f"(must be in [1, {MAX_BEAM_SIZE}])")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise UnsupportedGeneration(f"generation length cap {self.max_new_tokens} (must leave >= 1 token)")
         if not math.isfinite(self.length_penalty):

@@ -73,13 +73,17 @@ def nucleus(scaled: Tensor, topp: float) -> Tensor:
 def draw(log_probs: Tensor, u: Tensor, cfg: SamplingConfig) -> Tensor:
     """log_probs (..., M) (-inf: not possible; sorted best first where ``cfg.topp`` < 1), u (...)
     uniforms -> the index drawn (...). A row with nothing possible draws index 0 (its lane's score is
-    -inf anyway)."""
-    scaled = log_probs / cfg.temperature
-    empty = ~torch.isfinite(scaled.amax(-1, keepdim=True))  # (..., 1)
+    -inf anyway). The row's best log-prob is subtracted before dividing by the temperature, in float32:
+    the best token scales to 0 and the others to <= 0 (-inf staying -inf) at any temperature
+    ``SamplingConfig`` allows, so a cold one tends to greedy and a hot one to uniform, never to NaN."""
+    log_probs = log_probs.float()
+    best = log_probs.amax(-1, keepdim=True)  # (..., 1)
+    empty = ~torch.isfinite(best)
+    scaled = (log_probs - best.masked_fill(empty, 0.0)) / cfg.temperature  # (..., M)
     scaled = nucleus(scaled.masked_fill(empty, 0.0), cfg.topp)
     cdf = torch.softmax(scaled, -1).cumsum(-1)  # (..., M)
     index = (cdf < u[..., None] * cdf[..., -1:]).sum(-1)
-    return index.clamp(max=log_probs.shape[-1] - 1)
+    return index.clamp(max=log_probs.shape[-1] - 1).masked_fill(empty[..., 0], 0)
 
 
 def sample_candidates(top: RowTop, grid: Tensor | None, running: Tensor, generated: Tensor, keys: Tensor,

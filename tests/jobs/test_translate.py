@@ -305,3 +305,24 @@ def test_sampling_flags_draw_n_samples_a_row_the_same_however_the_job_is_cut(dem
     with pytest.raises(SystemExit) as e:
         main([*base, "--output", str(tmp_path / "d.parquet"), "--beam-size", "4"])
     assert e.value.code == 2 and "with sampling flags give --num-samples" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--sampling-temperature", "inf"], "sampling temperature must be in [0.0001, 10000], got inf"),
+    (["--sampling-temperature", "1e-300"], "sampling temperature must be in [0.0001, 10000], got 1e-300"),
+    (["--sampling-temperature", "1e300"], "sampling temperature must be in [0.0001, 10000], got 1e+300"),
+    (["--sampling-temperature", "nan"], "sampling temperature must be in [0.0001, 10000], got nan"),
+    (["--sampling-topp", "nan"], "sampling top-p must be in (0, 1], got nan"),
+    (["--sampling-topk", "-1"], "sampling top-k must be an integer >= 0"),
+    (["--num-samples", "100000"], "num_samples (sampling's beam_size) must be in [1, 1024], got 100000"),
+    (["--num-samples", "0"], "num_samples (sampling's beam_size) must be in [1, 1024], got 0"),
+    (["--beam-size", "100000"], "beam_size must be in [1, 1024], got 100000")])
+def test_search_values_the_decoder_cannot_use_are_one_error_line_before_any_work(demo_model_dir, tmp_path, capsys,
+                                                                                 flags, message):
+    import ray
+    out = tmp_path / "o.txt"
+    with pytest.raises(SystemExit) as e:
+        main(["--model", str(demo_model_dir), "--input", str(SAMPLE), "--output", str(out), *flags])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1 and err.endswith("\n")
+    assert not out.exists() and not (tmp_path / "o.txt.parts").exists() and not ray.is_initialized()

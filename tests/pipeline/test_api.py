@@ -103,3 +103,25 @@ def test_the_api_and_the_command_line_translate_alike(demo_model_dir, translator
     for r, a in zip(job, api):
         assert [h["score"] for h in r["nbest"]] == pytest.approx([s for _, s in a.nbest], abs=1e-5)
     assert len(api[4].text.split()) < 30  # the cap binds: unbounded, the model repeats "ja" for 256 tokens
+
+
+def test_search_values_the_decoder_cannot_use_are_one_valueerror_before_decoding(demo_model_dir, translator):
+    """The same refusals as the command line's, raised by the configs where they are built (or
+    replaced, for one call's search), before any decoding; the coldest temperature is greedy."""
+    import math
+
+    from raymt.workers.config import MIN_SAMPLING_TEMPERATURE, SamplingConfig, SearchConfig
+    tokens = translator.stats.target_tokens
+    for value in (math.inf, 1e-300, 1e300, math.nan):
+        with pytest.raises(ValueError, match=r"^sampling temperature must be in \[0\.0001, 10000\], got "):
+            translator.translate(["Ein Hund."], sampling=SamplingConfig(temperature=value))
+    with pytest.raises(ValueError, match=r"^num_samples \(sampling's beam_size\) must be in \[1, 1024\], got 100000$"):
+        translator.translate(["Ein Hund."], beam_size=100_000, sampling=SamplingConfig())
+    with pytest.raises(ValueError, match=r"^beam_size must be in \[1, 1024\], got 100000$"):
+        translator.translate(["Ein Hund."], beam_size=100_000)
+    with pytest.raises(ValueError, match=r"^beam_size must be in \[1, 1024\], got 100000$"):
+        Translator.load(str(demo_model_dir), search=SearchConfig(beam_size=100_000))
+    assert translator.stats.target_tokens == tokens  # nothing decoded
+    texts = ["Ein Hund läuft.", "Zwei Männer spielen Fußball."]
+    cold = SamplingConfig(temperature=MIN_SAMPLING_TEMPERATURE)
+    assert translator.translate(texts, beam_size=2, sampling=cold) == translator.translate(texts, beam_size=1)

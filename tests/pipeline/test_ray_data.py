@@ -51,6 +51,29 @@ def test_map_batches_translates_one_column_and_keeps_the_others(cluster, demo_mo
     assert (rows["r0017"]["translation"], rows["r0017"][ERROR_COLUMN]) == ("", "null")
 
 
+@pytest.mark.parametrize("search", [dict(sampling=dict(temperature=float("inf"))),
+                                    dict(sampling=dict(temperature=1e-300)), dict(sampling=dict(topp=float("nan"))),
+                                    dict(beam_size=100_000), dict(beam_size=100_000, sampling={})])
+def test_search_values_the_decoder_cannot_use_raise_before_any_dataset_runs(demo_model_dir, search):
+    """The operator's search is a ``SearchConfig``: built on the driver, it refuses such values in
+    one ``ValueError`` before ``map_batches`` is reached, so no actor starts and no block is read."""
+    from raymt.workers.config import SamplingConfig
+
+    class Dataset:  # (stands in for ray.data.Dataset: records the calls that reach it)
+        calls: list = []
+
+        def map_batches(self, fn, **kwargs):
+            self.calls.append((fn, kwargs))
+
+    def build() -> SearchConfig:
+        sampling = search.get("sampling")
+        return SearchConfig(beam_size=search.get("beam_size", 2), num_hypotheses=1,
+                            sampling=None if sampling is None else SamplingConfig(**sampling))
+    with pytest.raises(ValueError, match=r"^(sampling temperature|sampling top-p|beam_size|num_samples) .* got ") as e:
+        Dataset().map_batches(Translate, fn_constructor_kwargs={"model": str(demo_model_dir), "search": build()})
+    assert "\n" not in str(e.value) and Dataset.calls == []
+
+
 def test_output_column_name_and_per_actor_stats_without_ray(demo_model_dir, one_thread):
     op = Translate(str(demo_model_dir), "src", output_column="en", search=SEARCH)
     out = op(pa.table({"src": ["Ein Hund läuft.", "   ", "Zwei Hunde spielen."], "n": [1, 2, 3]}))

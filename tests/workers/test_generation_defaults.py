@@ -165,6 +165,7 @@ def test_settings_map_to_the_search_hf_runs(settings: dict, beam: int, cap: int 
     ({"bad_words_ids": [[7]]}, "bad_words_ids=[[7]]"),
     ({"decoder_start_token_id": 0}, "decoder_start_token_id=0"),
     ({"early_stopping": "never"}, "early_stopping='never'"),
+    ({"num_beams": 100_000}, "num_beams=100000 (must be in [1, 1024])"),  # (workers/config.MAX_BEAM_SIZE)
 ])
 def test_settings_the_decoder_does_not_implement_are_refused_in_one_line(settings: dict, named: str) -> None:
     with pytest.raises(UnsupportedGeneration) as error:

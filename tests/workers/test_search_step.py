@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from raymt.workers import engine as engine_module
 from raymt.workers import search_step
-from raymt.workers.config import PruningConfig, SamplingConfig, SearchConfig
+from raymt.workers.config import (MAX_SAMPLING_TEMPERATURE, MIN_SAMPLING_TEMPERATURE, PruningConfig, SamplingConfig,
+                                  SearchConfig)
 from raymt.workers.engine import StaticStep
 from raymt.workers.sampling import draw, sample_candidates, sentence_key, uniforms
 from raymt.workers.scheduler import Policy, SchedulerConfig
@@ -103,6 +105,29 @@ def test_draws_follow_the_tempered_truncated_softmax(cfg):
     assert float((got - want).abs().max()) < 0.012, (got, want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_draws_at_the_temperature_bounds_are_greedy_and_uniform(dtype):
+    """The coldest temperature draws the best token, even 2e-3 nats ahead; the hottest draws the
+    possible tokens uniformly and never an impossible one; a row with nothing possible draws 0."""
+    n = 40_000
+    u = uniforms(torch.tensor(777), torch.arange(n), torch.tensor(2))
+    cold = SamplingConfig(temperature=MIN_SAMPLING_TEMPERATURE)
+    near_tie = torch.tensor([-0.7, -0.702, -1.0, float("-inf")], dtype=dtype)
+    assert bool((draw(near_tie.expand(n, 4), u, cold) == 0).all())
+    lp = torch.log_softmax(torch.tensor([2.0, 1.5, 1.0, 0.2, -0.5, -30.0, float("-inf")]), 0).to(dtype)
+    assert bool((draw(lp.expand(n, 7), u, cold) == 0).all())
+    below = SimpleNamespace(temperature=1e-40, topp=1.0)  # (past the bounds, where x / T overflows: still greedy)
+    assert bool((draw(lp.expand(n, 7), u, below) == 0).all())
+    for topp in (1.0, 0.5):  # (a nucleus cut at the hottest temperature: the mass is spread evenly)
+        hot = torch.bincount(draw(lp.expand(n, 7), u, SamplingConfig(temperature=MAX_SAMPLING_TEMPERATURE, topp=topp)),
+                             minlength=7).double() / n
+        kept = 6 if topp == 1.0 else 3
+        assert float(hot[kept:].sum()) == 0.0 and float((hot[:kept] - 1 / kept).abs().max()) < 0.012, hot
+    nothing = torch.full((3, 5), float("-inf"), dtype=dtype)
+    for t in (MIN_SAMPLING_TEMPERATURE, MAX_SAMPLING_TEMPERATURE):
+        assert draw(nothing, u[:3], SamplingConfig(temperature=t)).tolist() == [0, 0, 0]
+
+
 def test_sample_candidates_lanes_start_from_lane_zero_and_finished_lanes_stay_empty():
     top = RowTop(torch.log_softmax(torch.randn(3, 5), 1).sort(1, descending=True).values,
                  torch.arange(15).view(3, 5))
@@ -120,8 +145,25 @@ def test_top_k_one_and_a_cold_temperature_are_greedy(translator, sources):
     top1 = decode(translator, sources, SearchConfig(beam_size=3, num_hypotheses=3, sampling=SamplingConfig(topk=1)))
     assert [[t for t, _ in hs] for hs in top1] == [[hs[0][0]] * 3 for hs in greedy]
     cold = decode(translator, sources, SearchConfig(beam_size=2, num_hypotheses=1,
-                                                    sampling=SamplingConfig(temperature=1e-4, seed=4)))
+                                                    sampling=SamplingConfig(temperature=MIN_SAMPLING_TEMPERATURE,
+                                                                            seed=4)))
     assert_same(cold, greedy)
+
+
+def test_the_hottest_temperature_decodes_valid_tokens(translator, sources):
+    """Nearly uniform draws: finite scores, tokens of the target vocabulary, never <pad>, each
+    sample ended by EOS or by the length cap."""
+    mc = translator.checkpoint.model.config
+    cfg = SearchConfig(beam_size=3, num_hypotheses=3, max_length_a=0.0, max_length_b=12,
+                       sampling=SamplingConfig(temperature=MAX_SAMPLING_TEMPERATURE, seed=6))
+    hot = decode(translator, sources, cfg)
+    assert [len(hs) for hs in hot] == [3] * len(sources)
+    for tokens, log_prob in (h for hs in hot for h in hs):
+        assert math.isfinite(log_prob) and 1 <= len(tokens) <= 12
+        assert all(0 <= t < mc.decoder_vocab_size and t != mc.pad_token_id for t in tokens)
+        assert tokens[-1] == mc.eos_token_id or len(tokens) == 12
+    greedy = decode(translator, sources, SearchConfig(beam_size=1, max_length_a=0.0, max_length_b=12))
+    assert [hs[0][0] for hs in hot] != [hs[0][0] for hs in greedy]  # (uniform draws, not the model's best)
 
 
 def test_first_tokens_follow_the_models_own_probabilities(translator):
