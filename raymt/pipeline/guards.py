@@ -25,6 +25,7 @@ import uuid
 import fsspec
 
 from raymt.pipeline.formats import OutputFormat, UnsupportedOutput, output_format
+from raymt.pipeline.lease import LEASE, LOCK
 from raymt.pipeline.ledger import ASSEMBLED, PLAN, assembled_record
 from raymt.pipeline.storage import on_disk, storage_options
 
@@ -101,8 +102,9 @@ def check_owned(parts_url: str, final_url: str | None = None, overwrite: bool = 
     if not fs.isdir(root):
         return
     names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)]
-    theirs = sorted(n for n in names if not n.startswith("."))
-    if theirs and not any(n in (PLAN, "_SUCCESS", "_manifest", ASSEMBLED) or n.startswith("part-") for n in names):
+    ours = (PLAN, "_SUCCESS", "_manifest", ASSEMBLED, LEASE)  # (a lease alone: a job that stopped before its plan)
+    theirs = sorted(n for n in names if not n.startswith((".", LOCK, "_WRITABLE-")) and n not in ours)
+    if theirs and not any(n in ours or n.startswith("part-") for n in names):
         shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
         raise OutputRefused(f"--output {parts_url} is a folder holding {len(theirs)} file(s) raymt did not write "
                             f"({shown}) and no raymt output: choose a new or empty folder, or pass --overwrite to "

@@ -88,7 +88,9 @@ def chunk_ranges(meta: pq.FileMetaData, group: int, data_end: int) -> list[tuple
     """The (start, stop) byte ranges of a row group's column chunks, as a reader reads them (from the
     dictionary page where there is one); ``data_end``: where the footer starts."""
     padding = DICT_HEADER_PADDING if _old_parquet_mr(meta.created_by) else 0
-    ranges = []
+    ranges: list[tuple[int, int]] = []
+    if meta.row_group(group).num_rows == 0:  # an empty row group (an empty table's) holds no bytes to read
+        return ranges
     for c in range(meta.num_columns):
         chunk = meta.row_group(group).column(c)
         start = chunk.data_page_offset

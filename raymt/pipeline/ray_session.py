@@ -19,6 +19,7 @@ from typing import Iterator
 from raymt.pipeline.hold import GATES
 from raymt.pipeline.hub import WORKER_VARS
 
+_started_here = False  # whether init_ray started a local cluster (not joined one)
 _AWS_VARS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
              "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION")
 
@@ -38,6 +39,8 @@ def init_ray(**kwargs) -> None:
     if ray.is_initialized():
         return
     env = {k: os.environ[k] for k in _AWS_VARS + WORKER_VARS + GATES if k in os.environ}
+    global _started_here
+    _started_here = not (kwargs.get("address") or os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_JOB_ID"))
     with interrupts_deferred():  # cut short, a starting local cluster leaves its dashboard and agents running
         ray.init(runtime_env={"env_vars": env} if env else None, **kwargs)
 
@@ -60,10 +63,11 @@ def interrupts_deferred(ignore: bool = False) -> Iterator[None]:
 
 
 def stop_ray() -> None:
-    """Disconnect from Ray, stopping the local cluster this process started, with further Ctrl-C
-    ignored meanwhile (interrupted, Ray's own exit hook would print a traceback and leave processes)."""
+    """Stop the local cluster this process started, with further Ctrl-C ignored meanwhile
+    (interrupted, Ray's own exit hook would print a traceback and leave processes); a joined
+    cluster is left to Ray's exit hook, as it runs on without this process."""
     ray = sys.modules.get("ray")
-    if ray is None or not ray.is_initialized():
+    if ray is None or not ray.is_initialized() or not _started_here:
         return
     with interrupts_deferred(ignore=True):
         ray.shutdown()
