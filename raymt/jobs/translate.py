@@ -57,7 +57,8 @@ from raymt.pipeline.driver import DecodersUnavailable, ResourcesUnavailable
 from raymt.pipeline.ledger import OutputBusy, PlanMismatch
 from raymt.pipeline.model_check import ModelError
 from raymt.pipeline.bench_reports import markdown_table
-from raymt.pipeline.run import PipelineConfig, PipelineResult, UnitsFailed, actor_table, run_pipeline, stop_ray
+from raymt.pipeline.ray_session import stop_ray
+from raymt.pipeline.run import PipelineConfig, PipelineResult, UnitsFailed, actor_table, run_pipeline
 from raymt.pipeline.settings import DecoderSettings, PartColumns
 from raymt.pipeline.shortlist_files import load_shortlist, shortlist_for
 from raymt.pipeline.sink import OutputStore

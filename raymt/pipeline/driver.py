@@ -16,16 +16,15 @@ killed first (``no_restart``), so a forgotten actor never holds the cores a repl
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from raymt.pipeline.actors import DecoderActor, EncoderWorker, unit_to_row
 from raymt.pipeline.dispatch import Pool, Verdict
-from raymt.pipeline.errors import JobStopped, stopping_cause
+from raymt.pipeline.errors import JobStopped, last_line, stopping_cause
+from raymt.pipeline.feeds import DRAINED, BlockFeed, ListFeed
 from raymt.pipeline.settings import PipelineConfig, PipelineResult
 from raymt.pipeline.timeline import Board, Progress
 from raymt.pipeline.units import WorkUnit
@@ -36,7 +35,6 @@ if TYPE_CHECKING:
     from raymt.pipeline.sink import OutputStore
 
 logger = logging.getLogger(__name__)
-DRAINED = object()
 
 
 class DecodersUnavailable(RuntimeError):
@@ -91,8 +89,8 @@ class Driver:
         self.board = ray.remote(Board).options(num_cpus=0, max_restarts=-1).remote()
 
     def run(self) -> None:
-        feed = _BlockFeed(self._encoded_blocks, maxsize=2 * max(self.pool.hi, 1) + 2) if self.cfg.encoders \
-            else _ListFeed([[u] for u in self.todo])
+        feed = BlockFeed(self._encoded_blocks, maxsize=2 * max(self.pool.hi, 1) + 2) if self.cfg.encoders \
+            else ListFeed([[u] for u in self.todo])
         swept = drained = False
         try:
             while True:
@@ -302,7 +300,7 @@ class Driver:
         try:
             ray.get(ref)
         except ray.exceptions.RayError as e:
-            self.last_problem = f"{actor}: {_first_line(e)}"
+            self.last_problem = f"{actor}: {last_line(e)}"
             permanent = bool(getattr(e, "actor_init_failed", False)) or not isinstance(e, ray.exceptions.RayActorError)
             if isinstance(getattr(e, "cause", None), (DeviceUnavailable, JobStopped)):  # no retry can mend it
                 raise e.cause from None
@@ -312,13 +310,13 @@ class Driver:
                     self.start_failures += 1
                     if self.start_failures >= 3:
                         raise RuntimeError(f"decoder actors fail to start: {e}") from e
-                    logger.warning("decoder actor %s failed to start: %s", actor, _first_line(e))
+                    logger.warning("decoder actor %s failed to start: %s", actor, last_line(e))
                 else:  # killed while loading the model: Ray restarts it, probe it again with back-off
                     self.pool.starting.discard(actor)
                     self.pool.down_since(actor, now)
                 return
             if self.pool.probe_failed(actor, now, permanent) is Verdict.REPLACE:
-                logger.warning("decoder %s did not come back (%s): replacing it", actor, _first_line(e))
+                logger.warning("decoder %s did not come back (%s): replacing it", actor, last_line(e))
                 self._retire(actor)
             return
         if actor in self.pool.starting:
@@ -339,7 +337,7 @@ class Driver:
         except ray.exceptions.RayError as e:
             if stop := stopping_cause(e):  # lease lost, input changed, no space: no attempt can mend it
                 raise stop from None
-            reason = _first_line(e)
+            reason = last_line(e)
             self.last_problem = f"{actor}: {reason}"
             logger.warning("decoder %s lost %s: %s", actor, [u.name for u in units] or "an encoded block", reason)
             lost = not isinstance(e, ray.exceptions.RayTaskError)  # the actor died: not the unit's own error
@@ -357,57 +355,3 @@ class Driver:
             self.result.target_tokens += stats.target_tokens
             self.progress.committed(stats.unit, stats.sentences)
         self.finished_units += len(rows)
-
-
-class _BlockFeed:
-    """A thread that iterates the encoder stream into a bounded queue; ``next`` never blocks."""
-
-    def __init__(self, blocks: Callable[[], Iterator[object]], maxsize: int) -> None:
-        self.queue: queue.Queue = queue.Queue(maxsize)
-        self.error: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(blocks,), name="raymt-encoded-blocks", daemon=True)
-        self._thread.start()
-
-    def _run(self, blocks: Callable[[], Iterator[object]]) -> None:
-        try:
-            for ref in blocks():
-                if not self._put(ref):
-                    return
-        except Exception as e:  # noqa: BLE001 - the sweep sends what the stream did not deliver
-            self.error = f"{type(e).__name__}: {_first_line(e)}"
-        self._put(DRAINED)
-
-    def _put(self, item: object) -> bool:
-        while not self._stop.is_set():
-            try:
-                self.queue.put(item, timeout=0.5)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def next(self) -> object | None:
-        try:
-            return self.queue.get_nowait()
-        except queue.Empty:
-            return None
-
-    def close(self) -> None:
-        self._stop.set()
-
-
-class _ListFeed:
-    def __init__(self, items: list) -> None:
-        self.items, self.error = deque(items), None
-
-    def next(self) -> object:
-        return self.items.popleft() if self.items else DRAINED
-
-    def close(self) -> None:
-        self.items.clear()
-
-
-def _first_line(e: Exception) -> str:
-    lines = [x for x in str(e).splitlines() if x.strip()]
-    return lines[-1][:300] if lines else type(e).__name__

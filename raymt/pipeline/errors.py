@@ -62,3 +62,9 @@ def os_error_line(e: OSError) -> str:
     code = errno.errorcode.get(e.errno, str(e.errno)) if e.errno else type(e).__name__
     where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
     return f"{where + ': ' if where else ''}{e.strerror or e} ({code})"
+
+
+def last_line(e: BaseException) -> str:
+    """An error's last non-empty line, cut to 300 characters (a Ray task error's own message, after its stack)."""
+    lines = [x for x in str(e).splitlines() if x.strip()]
+    return lines[-1][:300] if lines else type(e).__name__

@@ -43,7 +43,7 @@ from raymt.pipeline.model_check import check_model
 from raymt.pipeline.records import JobSummary, UnitMarker
 from raymt.pipeline.settings import PipelineConfig, PipelineResult
 from raymt.pipeline.sink import OutputStore, assemble, output_table
-from raymt.pipeline.ray_session import init_ray, stop_ray  # noqa: F401  (stop_ray: for the jobs)
+from raymt.pipeline.ray_session import init_ray
 from raymt.pipeline.timeline import Progress, Snapshot, Ticker
 from raymt.pipeline.units import Plan, WorkUnit, auto_unit_rows, plan_units
 from raymt.workers.device import on_gpu
