@@ -117,7 +117,8 @@ class SamplingConfig:
     to the smallest set of them holding ``topp`` of the mass (1: all). A draw is a function of
     ``seed``, the sentence's source ids and target language, its lane and its step
     (``raymt.workers.sampling``): the same whichever sentences share its steps, however a job is cut
-    into units, and on a resume."""
+    into units, and on a resume (up to float rounding of the probabilities between batch shapes: a
+    draw within ~1e-6 of the boundary between two tokens may take the neighbouring one)."""
 
     temperature: float = 1.0  # in [MIN_SAMPLING_TEMPERATURE, MAX_SAMPLING_TEMPERATURE]
     topk: int = 0  # >= 0; 1: greedy

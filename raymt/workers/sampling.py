@@ -7,11 +7,16 @@ share its steps, however a job is cut into units, on a resume, and on the CPU an
 hash is integer arithmetic that never overflows int64). Two rows with the same source text and
 target language draw the same samples; another seed draws others.
 
-The draw is inverse-CDF over the tokens a row considers (``search_step.sampling_rows``): with
-``topk`` its ``topk`` best, best first, else all of them (sorted best first only for ``topp``);
-divided by the temperature, cut to the smallest prefix holding ``topp`` of the mass, renormalised. The candidate's score is the model's own
-log-prob of the token (temperature 1, whole vocabulary), so a sample's score is what beam search
-would score the same tokens.
+The draw is Gumbel-max over the tokens a row considers (``search_step.sampling_rows``): with
+``topk`` its ``topk`` best, else all of them (sorted best first only for ``topp``); divided by the
+temperature, cut to the smallest prefix holding ``topp`` of the mass; each token given noise
+-log(-log u) from its own uniform, a hash of (sentence key, lane, step, token id), and the best
+noisy score drawn. That is an exact draw from the tempered, cut softmax, and a robust one: float
+rounding that moves the model's probabilities a few 1e-6 between batch shapes (or devices, or
+shortlists that add unlikely tokens) changes a draw only where two noisy scores tie within it,
+where an inverse-CDF walk over thousands of tokens flips between neighbours every few dozen draws.
+The candidate's score is the model's own log-prob of the token (temperature 1, whole vocabulary),
+so a sample's score is what beam search would score the same tokens.
 
 At a sentence's first step only lane 0 runs (``SlotState.admit``): every lane draws from its row;
 after that lane j draws from its own row and a finished lane stays empty. Lanes are sorted by score
@@ -49,13 +54,25 @@ def _mix(x: Tensor) -> Tensor:
     return x ^ (x >> 15)
 
 
-def uniforms(keys: Tensor, lanes: Tensor, steps: Tensor) -> Tensor:
-    """keys, lanes, steps int64 (broadcast together) -> float32 uniforms in [0, 1), 24 bits each."""
+def lane_hashes(keys: Tensor, lanes: Tensor, steps: Tensor) -> Tensor:
+    """keys, lanes, steps int64 (broadcast together) -> each lane's hash at the step, int64 in [0, 2**32)."""
     h = _mix(keys & MASK32)
     h = _mix(h ^ ((keys >> 32) & MASK32))
     h = _mix(h ^ (lanes & MASK32))
-    h = _mix(h ^ ((steps * MULTIPLIERS[2]) & MASK32))
-    return (h >> 8).float() / float(1 << 24)
+    return _mix(h ^ ((steps * MULTIPLIERS[2]) & MASK32))
+
+
+def uniforms(hashes: Tensor, tokens: Tensor) -> Tensor:
+    """hashes (...) from ``lane_hashes``, tokens int64 (..., M) -> float32 uniforms (..., M) in (0, 1),
+    one a token: 23 bits each at the middle of their interval ((2i + 1) / 2**24), so 0 and 1 never
+    occur. The per-token hash runs in int32, whose products wrap modulo 2**32 on every device (the
+    same bits as the int64 products masked); logical shifts are arithmetic ones masked."""
+    h = ((hashes ^ 0x80000000) - 0x80000000).to(torch.int32)[..., None] ^ tokens.to(torch.int32)  # (..., M)
+    for m, shift in ((MULTIPLIERS[0], 16), (MULTIPLIERS[1], 15)):
+        h ^= (h >> shift) & (MASK32 >> shift)
+        h *= m
+    h ^= (h >> 16) & 0xFFFF
+    return (((h >> 9) & 0x7FFFFF) * 2 + 1).float().mul_(1.0 / (1 << 24))
 
 
 def nucleus(scaled: Tensor, topp: float) -> Tensor:
@@ -71,19 +88,19 @@ def nucleus(scaled: Tensor, topp: float) -> Tensor:
 
 
 def draw(log_probs: Tensor, u: Tensor, cfg: SamplingConfig) -> Tensor:
-    """log_probs (..., M) (-inf: not possible; sorted best first where ``cfg.topp`` < 1), u (...)
-    uniforms -> the index drawn (...). A row with nothing possible draws index 0 (its lane's score is
-    -inf anyway). The row's best log-prob is subtracted before dividing by the temperature, in float32:
-    the best token scales to 0 and the others to <= 0 (-inf staying -inf) at any temperature
-    ``SamplingConfig`` allows, so a cold one tends to greedy and a hot one to uniform, never to NaN."""
+    """log_probs (..., M) (-inf: not possible; sorted best first where ``cfg.topp`` < 1), u (..., M)
+    each token's uniform -> the index drawn (...): the best of scaled log-prob + Gumbel noise. A row
+    with nothing possible draws index 0 (its lane's score is -inf anyway). The row's best log-prob
+    is subtracted before dividing by the temperature, in float32: the best token scales to 0 and
+    the others to <= 0 (-inf staying -inf) at any temperature ``SamplingConfig`` allows, so a cold
+    one tends to greedy and a hot one to uniform, never to NaN."""
     log_probs = log_probs.float()
     best = log_probs.amax(-1, keepdim=True)  # (..., 1)
     empty = ~torch.isfinite(best)
     scaled = (log_probs - best.masked_fill(empty, 0.0)) / cfg.temperature  # (..., M)
     scaled = nucleus(scaled.masked_fill(empty, 0.0), cfg.topp)
-    cdf = torch.softmax(scaled, -1).cumsum(-1)  # (..., M)
-    index = (cdf < u[..., None] * cdf[..., -1:]).sum(-1)
-    return index.clamp(max=log_probs.shape[-1] - 1).masked_fill(empty[..., 0], 0)
+    index = scaled.sub_(u.log().neg_().log_()).argmax(-1)  # (+ Gumbel noise -log(-log u), u in (0, 1): finite)
+    return index.masked_fill(empty[..., 0], 0)
 
 
 def sample_candidates(top: RowTop, grid: Tensor | None, running: Tensor, generated: Tensor, keys: Tensor,
@@ -102,6 +119,7 @@ def sample_candidates(top: RowTop, grid: Tensor | None, running: Tensor, generat
     source = torch.where(generated[:, None] == 1, 0, lane)  # (B', K): the first step draws every lane from lane 0
     rows = (torch.arange(b, device=running.device)[:, None] * k + source).view(-1)  # (B'K,)
     lp, tokens = lp[rows].view(b, k, m), tokens[rows].view(b, k, m)
-    index = draw(lp, uniforms(keys[:, None], lane, generated[:, None]), cfg)[..., None]  # (B', K, 1)
+    u = uniforms(lane_hashes(keys[:, None], lane, generated[:, None]), tokens)  # (B', K, M)
+    index = draw(lp, u, cfg)[..., None]  # (B', K, 1)
     word = lp.gather(2, index)[..., 0]  # (B', K)
     return Candidates(running.gather(1, source) + word, source, tokens.gather(2, index)[..., 0], word)

@@ -8,7 +8,7 @@ import torch
 
 from raymt.workers.config import SamplingConfig, SearchConfig
 from raymt.workers.engine import StaticStep
-from raymt.workers.sampling import sentence_key, uniforms
+from raymt.workers.sampling import lane_hashes, sentence_key, uniforms
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.core_decoder import CoreDecoder
 from tests.conftest import shared_path
@@ -31,8 +31,9 @@ def tokens(translator: CoreDecoder, texts: list[str], cfg: SearchConfig, **kw) -
 def test_the_uniforms_are_bit_equal_on_cuda():
     keys = torch.tensor([sentence_key(s, [1, 2, 3]) for s in range(8)])[:, None]
     lanes, steps = torch.arange(4096)[None, :], torch.tensor(7)
-    on_cpu = uniforms(keys, lanes, steps)
-    on_gpu = uniforms(keys.cuda(), lanes.cuda(), steps.cuda())
+    tokens = torch.arange(58_101)
+    on_cpu = uniforms(lane_hashes(keys, lanes, steps)[..., :8], tokens)  # (8, 8, 58101): int32 products wrap alike
+    on_gpu = uniforms(lane_hashes(keys.cuda(), lanes.cuda(), steps.cuda())[..., :8], tokens.cuda())
     assert torch.equal(on_cpu, on_gpu.cpu())
 
 

@@ -15,7 +15,7 @@ from raymt.workers import search_step
 from raymt.workers.config import (MAX_SAMPLING_TEMPERATURE, MIN_SAMPLING_TEMPERATURE, PruningConfig, SamplingConfig,
                                   SearchConfig)
 from raymt.workers.engine import StaticStep
-from raymt.workers.sampling import draw, sample_candidates, sentence_key, uniforms
+from raymt.workers.sampling import draw, lane_hashes, sample_candidates, sentence_key, uniforms
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.search import RowTop
 from raymt.workers.speedups import CpuSpeedups
@@ -81,13 +81,24 @@ def test_choose_step_decides_once_by_search_and_device(translator):
 
 def test_uniforms_are_uniform_and_fixed_by_their_inputs():
     keys = torch.tensor([sentence_key(0, [5, 6, 7]), sentence_key(1, [5, 6, 7])])
-    u = uniforms(keys[:, None], torch.arange(20_000)[None, :], torch.tensor(3))
-    assert u.dtype == torch.float32 and 0.0 <= float(u.min()) and float(u.max()) < 1.0
-    counts = torch.histc(u[0], bins=10, min=0.0, max=1.0)  # 2,000 expected a bin, sd ~42
-    assert float((counts - 2000).abs().max()) < 200
+    tokens = torch.arange(20_000)
+    u = uniforms(lane_hashes(keys, torch.tensor(0), torch.tensor(3)), tokens)  # (2, 20000)
+    assert u.dtype == torch.float32 and 0.0 < float(u.min()) and float(u.max()) < 1.0
+    assert bool(torch.isfinite(-torch.log(-torch.log(u))).all())  # (the Gumbel noise is finite)
+    for row in (u[0], uniforms(lane_hashes(keys[0], torch.arange(20_000), torch.tensor(3)), torch.tensor([[7]]))[:, 0]):
+        counts = torch.histc(row, bins=10, min=0.0, max=1.0)  # 2,000 expected a bin, sd ~42: by token, by lane
+        assert float((counts - 2000).abs().max()) < 200
     assert not torch.equal(u[0], u[1])  # another seed, other draws
-    assert torch.equal(u, uniforms(keys[:, None], torch.arange(20_000)[None, :], torch.tensor(3)))
+    assert torch.equal(u, uniforms(lane_hashes(keys, torch.tensor(0), torch.tensor(3)), tokens))
+    other_step = uniforms(lane_hashes(keys, torch.tensor(0), torch.tensor(4)), tokens)
+    assert float((other_step == u).float().mean()) < 0.01
     assert sentence_key(0, [5, 6, 7]) != sentence_key(0, [5, 6, 7], forced_first=9)  # another target language
+    h = torch.tensor([0, 1, 2**31 - 1, 2**31, 2**32 - 1])  # (the int32 hash: the int64 one's bits)
+    want = h[:, None] ^ torch.tensor([[0, 5, 2**20]])
+    for m, shift in ((0x7FEB352D, 16), (0x2C1B3C6D, 15)):
+        want = ((want ^ (want >> shift)) * m) & 0xFFFFFFFF
+    want = want ^ (want >> 16)
+    assert torch.equal(uniforms(h, torch.tensor([0, 5, 2**20])), ((want >> 9) * 2 + 1).float() / 2**24)
 
 
 @pytest.mark.parametrize("cfg", [SamplingConfig(), SamplingConfig(temperature=0.5), SamplingConfig(temperature=2.0),
@@ -100,7 +111,7 @@ def test_draws_follow_the_tempered_truncated_softmax(cfg):
     keep = (p.cumsum(0) - p) < cfg.topp
     want = torch.softmax(scaled.masked_fill(~keep, float("-inf")), 0)
     n = 40_000
-    u = uniforms(torch.tensor(12345), torch.arange(n), torch.tensor(1))
+    u = uniforms(lane_hashes(torch.tensor(12345), torch.arange(n), torch.tensor(1)), torch.arange(6))
     got = torch.bincount(draw(lp.expand(n, 6), u, cfg), minlength=6).double() / n
     assert float((got - want).abs().max()) < 0.012, (got, want)
 
@@ -110,10 +121,10 @@ def test_draws_at_the_temperature_bounds_are_greedy_and_uniform(dtype):
     """The coldest temperature draws the best token, even 2e-3 nats ahead; the hottest draws the
     possible tokens uniformly and never an impossible one; a row with nothing possible draws 0."""
     n = 40_000
-    u = uniforms(torch.tensor(777), torch.arange(n), torch.tensor(2))
+    u = uniforms(lane_hashes(torch.tensor(777), torch.arange(n), torch.tensor(2)), torch.arange(7))  # (n, 7)
     cold = SamplingConfig(temperature=MIN_SAMPLING_TEMPERATURE)
     near_tie = torch.tensor([-0.7, -0.702, -1.0, float("-inf")], dtype=dtype)
-    assert bool((draw(near_tie.expand(n, 4), u, cold) == 0).all())
+    assert bool((draw(near_tie.expand(n, 4), u[:, :4], cold) == 0).all())
     lp = torch.log_softmax(torch.tensor([2.0, 1.5, 1.0, 0.2, -0.5, -30.0, float("-inf")]), 0).to(dtype)
     assert bool((draw(lp.expand(n, 7), u, cold) == 0).all())
     below = SimpleNamespace(temperature=1e-40, topp=1.0)  # (past the bounds, where x / T overflows: still greedy)
@@ -125,7 +136,7 @@ def test_draws_at_the_temperature_bounds_are_greedy_and_uniform(dtype):
         assert float(hot[kept:].sum()) == 0.0 and float((hot[:kept] - 1 / kept).abs().max()) < 0.012, hot
     nothing = torch.full((3, 5), float("-inf"), dtype=dtype)
     for t in (MIN_SAMPLING_TEMPERATURE, MAX_SAMPLING_TEMPERATURE):
-        assert draw(nothing, u[:3], SamplingConfig(temperature=t)).tolist() == [0, 0, 0]
+        assert draw(nothing, u[:3, :5], SamplingConfig(temperature=t)).tolist() == [0, 0, 0]
 
 
 def test_sample_candidates_lanes_start_from_lane_zero_and_finished_lanes_stay_empty():
@@ -190,7 +201,10 @@ def test_first_tokens_follow_the_models_own_probabilities(translator):
 @pytest.mark.parametrize("sampling", [SamplingConfig(seed=1), SamplingConfig(topk=10, temperature=0.8, seed=2),
                                       SamplingConfig(topp=0.9, seed=3)])
 def test_a_sentences_samples_do_not_depend_on_its_neighbours_or_the_step(translator, sources, sampling):
-    """Alone, in batches, streamed two at a time, and in the static step (eager here): the same samples."""
+    """Alone, in batches, streamed two at a time, and in the static step (eager here): the same samples
+    (Gumbel-max keyed by token: the few 1e-6 batch shapes move the probabilities by change a draw
+    only where two noisy scores tie that closely; an inverse-CDF draw flipped here between tokens
+    1421 and 1422)."""
     cfg = SearchConfig(beam_size=3, num_hypotheses=3, sampling=sampling)
     together = decode(translator, sources, cfg)
     assert_same([decode(translator, [s], cfg)[0] for s in sources], together)
