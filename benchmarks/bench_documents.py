@@ -1,8 +1,8 @@
 """Documents benchmark: rows of several sentences (paragraphs built from held-out test sets) against
 the same sentences given one per row, for quality (BLEU) and speed (target tokens/s).
 
-    python -m benchmarks.bench_documents --model models/demo-de-en --out docs/results/documents-demo
-    python -m benchmarks.bench_documents --model ../shared/models/base-de-en --out docs/results/documents-base
+    python -m benchmarks.bench_documents --model models/demo-de-en --out /tmp/documents-demo
+    python -m benchmarks.bench_documents --model ../shared/models/base-de-en --out docs/results/documents
     python -m benchmarks.bench_documents --lines 40 --rounds 1 --out /tmp/smoke      # a smoke run
 
 Paragraphs are consecutive lines of Multi30k test_2016_flickr and WMT22 de-en, 4 to 8 a row in

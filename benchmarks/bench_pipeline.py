@@ -25,8 +25,9 @@ import pyarrow.parquet as pq
 from raymt.pipeline.actors import DecoderSettings
 from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
 from raymt.pipeline.ray_session import init_ray
-from raymt.pipeline.run import PipelineConfig, actor_table, run_pipeline
+from raymt.pipeline.run import PipelineConfig, run_pipeline
 from raymt.pipeline.sink import OutputStore
+from raymt.pipeline.stats_tables import actor_table
 from raymt.pipeline.units import Columns
 from raymt.workers.config import SearchConfig
 from raymt.workers.decode_config import BatchingConfig, DecodeConfig, RuntimeConfig

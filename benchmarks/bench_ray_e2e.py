@@ -2,7 +2,7 @@
 CTranslate2 or HF generate, on one corpus, one model, one beam, one machine.
 
     python -m benchmarks.bench_ray_e2e --model ../shared/models/base-de-en --lines 3000 --ct2-batch 64 \\
-        --out docs/results/ray-e2e-base-ct2b64                            # full (minutes, quiet machine)
+        --out docs/results/ray-e2e                                         # full (minutes, quiet machine)
     python -m benchmarks.bench_ray_e2e --lines 40 --small 4 --systems job-float32,ct2-int8 --out /tmp/e2e   # smoke
 
 Every run is a fresh process, timed from its start to its output written, so Ray's start-up,

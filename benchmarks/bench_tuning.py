@@ -1,6 +1,7 @@
 """Closed-loop batch size vs hand-tuned batch sizes: same model, input, beam and threads.
 
-    python -m benchmarks.bench_tuning --out docs/results/tuning-wmt22                       # full (slow)
+    python -m benchmarks.bench_tuning --set multi30k --sizes 8,16,32,64,128 --start 32 --rounds 3 \\
+        --out docs/results/tuning-multi30k                                                # full (slow)
     python -m benchmarks.bench_tuning --lines 40 --sizes 4,8 --rounds 1 --out /tmp/t  # smoke
 
 Each round runs every hand-set ``--max-batch-size`` and the tuned run (a fresh tuner starting at

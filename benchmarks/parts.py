@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kernel-rows", type=int, default=160, help="rows of the products timed alone (32 sentences "
                    "x beam 5: a full step's)")
     p.add_argument("--perf", action="store_true", help="also group perf samples of each full-shape run by symbol")
-    p.add_argument("--out", default="docs/results/parts")
+    p.add_argument("--out", default="docs/results/parts-58k")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)

@@ -56,12 +56,12 @@ from raymt.pipeline.hub import HubError, hub_id
 from raymt.pipeline.driver import DecodersUnavailable, ResourcesUnavailable
 from raymt.pipeline.ledger import OutputBusy, PlanMismatch
 from raymt.pipeline.model_check import ModelError
-from raymt.pipeline.bench_reports import markdown_table
 from raymt.pipeline.ray_session import stop_ray
-from raymt.pipeline.run import PipelineConfig, PipelineResult, UnitsFailed, actor_table, run_pipeline
+from raymt.pipeline.run import PipelineConfig, PipelineResult, UnitsFailed, run_pipeline
 from raymt.pipeline.settings import DecoderSettings, PartColumns
-from raymt.pipeline.shortlist_files import load_shortlist, shortlist_for
+from raymt.pipeline.shortlist_files import shortlist_for
 from raymt.pipeline.sink import OutputStore
+from raymt.pipeline.stats_tables import actor_table, markdown_table
 from raymt.pipeline.storage import model_reader, storage_options
 from raymt.pipeline.stream import STDIO, translate_stream
 from raymt.pipeline.units import Columns, InputError
@@ -75,7 +75,6 @@ from raymt.workers.native import kernels_summary
 from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from raymt.workers.speedups import EXACT, CpuSpeedups, precision_refusal
 from raymt.workers.static_step import StaticStep
-from raymt.workers.core_decoder import CoreDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -182,13 +181,6 @@ def decode_config(args: argparse.Namespace, search: SearchConfig = DEFAULTS.sear
                         runtime=RuntimeConfig(device=device_of(args), threads=args.threads, speedups=speedups_of(args)),
                         shortlist=shortlist, max_row_chars=args.max_row_chars,
                         split_sentences=DEFAULTS.split_sentences if args.split_sentences is None else args.split_sentences)
-
-
-def load_shortlist_for(args: argparse.Namespace, translator: CoreDecoder):
-    if not args.shortlist:
-        return None
-    return load_shortlist(args.shortlist, translator.checkpoint.tokenizer, top_m=args.shortlist_m,
-                          top_n=args.shortlist_n, special_ids=translator.special_target_ids())
 
 
 def speedups_of(args: argparse.Namespace) -> CpuSpeedups:

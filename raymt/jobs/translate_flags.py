@@ -172,7 +172,7 @@ def add_shortlist_flags(g) -> None:
                    "default: the lex.s2t of a "
                    "Marian model directory, when it has one (none: decode without a shortlist)")
     g.add_argument("--shortlist-m", type=int, default=SHORTLIST.top_m, help="top translations kept per source token "
-                   "(10: the fastest within 0.3 BLEU, docs/results/shortlist-multi30k.md)")
+                   "(10: the fastest within 0.3 BLEU, docs/results/search.md)")
     g.add_argument("--shortlist-n", type=int, default=SHORTLIST.top_n, help="most frequent target tokens always kept")
 
 

@@ -25,7 +25,7 @@ from raymt.pipeline.errors import JobStopped
 from raymt.pipeline.evaluate import EvalStats, sufficient_stats
 from raymt.pipeline.formats import mark_invalid
 from raymt.pipeline.heap import trim_heap
-from raymt.pipeline.hold import AFTER_COMMIT, BEFORE_ENCODE, hold
+from raymt.pipeline import hooks
 from raymt.pipeline.metrics import Metrics
 from raymt.pipeline.passthrough import read_passthrough, with_passthrough
 from raymt.pipeline.records import EncodedUnit, UnitStats
@@ -71,7 +71,7 @@ class EncoderWorker:
     def __call__(self, batch: pa.Table) -> pa.Table:
         """Ray Data's call. A unit that cannot be read (a corrupt row group) comes back as a row with
         its ``error``: the decoder skips it, and the driver's sweep retries it and reports it."""
-        hold(BEFORE_ENCODE)  # (tests only: pipeline/hold.py)
+        hooks.point(hooks.BEFORE_ENCODE)  # observation point (pipeline/hooks.py)
         rows = []
         for u in batch.column("unit").to_pylist():
             try:
@@ -215,7 +215,7 @@ class DecoderWorker:
                           {"unit": unit.name, "rows": len(texts), "actor": self.actor, "signature": self.settings.signature})
         if self.metrics is not None:
             self.metrics.record_unit(stats)
-        hold(AFTER_COMMIT)  # (tests only: pipeline/hold.py)
+        hooks.point(hooks.AFTER_COMMIT)  # observation point (pipeline/hooks.py)
         self.last_done = time.time()
         return stats
 

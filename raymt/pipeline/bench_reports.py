@@ -10,6 +10,8 @@ import os
 import platform
 from importlib import metadata
 
+from raymt.pipeline.stats_tables import markdown_table  # noqa: F401  (the benchmarks' tables)
+
 # name -> (source, reference) under the shared data folder
 SETS = {"multi30k": ("multi30k/test_2016_flickr.de", "multi30k/test_2016_flickr.en"),
         "wmt22": ("wmt22/generaltest2022.de-en.src.de", "wmt22/generaltest2022.de-en.ref.A.en")}
@@ -22,15 +24,6 @@ def read_lines(path: str, limit: int = 0) -> list[str]:
     if lines and lines[-1] == "":
         lines.pop()
     return lines[:limit] if limit else lines
-
-
-def markdown_table(rows: list[dict]) -> str:
-    if not rows:
-        return ""
-    keys = list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def cpu_model() -> str:

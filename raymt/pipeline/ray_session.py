@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Iterator
 
-from raymt.pipeline.hold import GATES
+from raymt.pipeline import hooks
 from raymt.pipeline.hub import WORKER_VARS
 
 _started_here = False  # whether init_ray started a local cluster (not joined one)
@@ -28,7 +28,7 @@ def init_ray(**kwargs) -> None:
     """Join ``RAY_ADDRESS`` (or the job's cluster under ``ray job submit``), else start a local one.
 
     The AWS variables of the driver are passed to every worker, so s3:// works the same in actors
-    (and a fault test's gates, ``pipeline/hold.py``), and so are ``HF_TOKEN`` and ``HF_ENDPOINT``
+    (and the job's observation hooks, ``pipeline/hooks.py``), and so are ``HF_TOKEN`` and ``HF_ENDPOINT``
     (each node fetches a hub model into its own cache: ``pipeline/hub.py``).
     """
     import ray
@@ -38,7 +38,7 @@ def init_ray(**kwargs) -> None:
         logging.getLogger(name).setLevel(level)  # "progress bars disabled", per-dataset INFO lines
     if ray.is_initialized():
         return
-    env = {k: os.environ[k] for k in _AWS_VARS + WORKER_VARS + GATES if k in os.environ}
+    env = {**{k: os.environ[k] for k in _AWS_VARS + WORKER_VARS if k in os.environ}, **hooks.worker_env()}
     global _started_here
     _started_here = not (kwargs.get("address") or os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_JOB_ID"))
     with interrupts_deferred():  # cut short, a starting local cluster leaves its dashboard and agents running

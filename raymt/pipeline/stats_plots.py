@@ -18,7 +18,7 @@ import json
 from collections import Counter
 
 from raymt.pipeline.extras import require
-from raymt.pipeline.run import actor_table
+from raymt.pipeline.stats_tables import actor_table
 
 
 def batch_histogram(rows: list[dict]) -> Counter:

@@ -193,11 +193,6 @@ class CoreDecoder:
             start += len(idx)
         return Decoded(out, stats)
 
-    def translate_ids(self, sources: list[list[int]], cfg: SearchConfig, shortlist: AnyShortlist | None = None,
-                      batching: SchedulerConfig | None = None) -> list[list[Hypothesis]]:
-        """``decode_ids``' hypotheses alone."""
-        return self.decode_ids(sources, cfg, shortlist, batching).hypotheses
-
     def tune_batches(self, cfg: SearchConfig, tuner: TunerConfig | None = None) -> BatchTuner:
         """Closed-loop batch size from here on, starting at ``max_batch_size``, capped by free memory."""
         mc = self.checkpoint.model.config

@@ -16,7 +16,7 @@ class BatchingDefaults:
     """What a decoder runs with where the command line leaves it open, per kind of device.
 
     * CPU: 32 sentences, the dynamic step, top-up refilling at half empty (measured:
-      ``docs/results/policies-*.md``, ``docs/results/tuning-multi30k.md``).
+      ``docs/results/policies.md``, ``docs/results/tuning-multi30k.md``).
     * GPU: a static step costs the same at any occupancy, so throughput is live slots ÷ slots. The
       scheduler alone gives that occupancy (``python -m benchmarks.bench_occupancy``, ``docs/results/occupancy.md``:
       1024 slots, 50,000 sentences, top-up): refilling at 5% empty instead of half raises it from

@@ -323,20 +323,3 @@ def batch_schedule(sentences: int) -> SchedulerConfig:
     """Batch decoding as a policy: admit all ``sentences`` at once, no refill until they are done."""
     return SchedulerConfig(policy=Policy.FIXED, max_batch_sentences=sentences, capacity=sentences)
 
-
-def beam_search(model, src_ids: Tensor, src_mask: Tensor, cfg: SearchConfig, *, forced_eos: bool = True,
-                candidates: Tensor | None = None, stats: DecodeStats | None = None,
-                runner: DecodeRunner | None = None) -> list[list[Hypothesis]]:
-    """One padded batch, src_ids / src_mask (B, S), decoded to its end on the engine (FIXED policy)
-    -> per sentence the ``cfg.num_hypotheses`` best hypotheses, HF ``generate`` semantics
-    (``raymt.workers.search``). ``candidates`` (C,): a shortlist of target ids; ``runner``: the
-    decoder's long-lived state to reuse (``workers/runner.py``), else a fresh one."""
-    sources = [row[:n] for row, n in zip(src_ids.tolist(), src_mask.sum(1).tolist())]
-    engine = Engine(model, cfg, batch_schedule(len(sources)), forced_eos=forced_eos,
-                    candidates=candidates, stats=stats, runner=runner)
-    return engine.decode(sources)
-
-
-def greedy_search(model, src_ids: Tensor, src_mask: Tensor, cfg: SearchConfig, **kwargs) -> list[list[Hypothesis]]:
-    """Argmax decoding: beam search of width 1 on the same engine."""
-    return beam_search(model, src_ids, src_mask, replace(cfg, beam_size=1, num_hypotheses=1), **kwargs)

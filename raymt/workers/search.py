@@ -177,10 +177,6 @@ def greedy_select(top: RowTop, running: Tensor, at_max: Tensor, eos_id: int) -> 
     return GreedySelection(scores, tokens, ends & live, ends | ~live)
 
 
-def length_normalize(score: float, length: int, length_penalty: float) -> float:
-    return score / (length ** length_penalty)
-
-
 @dataclass(frozen=True)
 class Hypothesis:
     tokens: tuple[int, ...]  # generated ids, EOS included when the hypothesis ended with it

@@ -16,10 +16,10 @@ import pytest
 
 from raymt import Translator
 from raymt.jobs.translate import main
-from raymt.pipeline.hold import AFTER_COMMIT
 from raymt.pipeline.sink import OutputStore
 from raymt.ray_data import Translate
 from tests.conftest import ROOT, SHARED_DATA
+from tests.hold_gates import AFTER_COMMIT, gate_env
 from tests.pipeline.ray_helpers import SAMPLE, assert_exactly_once
 
 SENTENCES = SAMPLE * 3  # the shipped sample's sentences
@@ -86,7 +86,7 @@ def test_a_resume_in_the_middle_of_split_rows_writes_each_row_once(demo_model_di
             "--in-process", "--unit-rows", "4", "--beam-size", "2"]
     gate.touch()
     proc = subprocess.Popen([sys.executable, "-m", "raymt.jobs.translate", *args], cwd=ROOT,
-                            env={**os.environ, AFTER_COMMIT: str(gate)}, stdout=subprocess.PIPE,
+                            env={**os.environ, **gate_env(AFTER_COMMIT, gate)}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not (out / "_PLAN.json").exists() or not OutputStore(str(out)).committed():

@@ -18,13 +18,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from raymt.pipeline import digests
-from raymt.pipeline.hold import AFTER_COMMIT
 from raymt.pipeline.ledger import model_files
 from raymt.pipeline.parquet_pins import PinnedFile, plan_layout, read_pinned
 from raymt.pipeline.passthrough import read_passthrough
 from raymt.pipeline.storage import ModelChanged, model_reader
 from raymt.pipeline.units import Columns, InputChanged, plan_units, read_unit
 from tests.conftest import ROOT
+from tests.hold_gates import AFTER_COMMIT, gate_env
 
 
 def rewrite_keeping_time(path: Path, old: bytes, new: bytes) -> None:
@@ -191,7 +191,7 @@ def held_job(args: list[str], gate: Path, out: Path, log: Path) -> subprocess.Po
     """The job started with its decoder held after each committed unit while ``gate`` exists; returns
     once its first unit is committed."""
     gate.touch()
-    proc = subprocess.Popen(args, cwd=ROOT, env={**os.environ, AFTER_COMMIT: str(gate)}, stdout=log.open("wb"),
+    proc = subprocess.Popen(args, cwd=ROOT, env={**os.environ, **gate_env(AFTER_COMMIT, gate)}, stdout=log.open("wb"),
                             stderr=subprocess.STDOUT)
     deadline = time.time() + 120
     while not list((out / "_manifest").glob("*.json")) if (out / "_manifest").exists() else True:

@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from raymt.jobs.translate import main
-from raymt.pipeline.hold import AFTER_COMMIT, BEFORE_ENCODE
 from raymt.pipeline.sink import OutputStore
+from tests.hold_gates import AFTER_COMMIT, BEFORE_ENCODE, gate_env
 from tests.pipeline.conftest import free_port
 from tests.pipeline.ray_helpers import (
     assert_exactly_once,
@@ -309,13 +309,14 @@ def test_no_decoder_within_decoder_wait_fails_naming_the_units_left(cluster, dem
 
 
 def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(cluster, demo_model_dir, tmp_path, capsys, monkeypatch):
-    """Ctrl-C while the job runs: its decoders are held after their first unit (``pipeline/hold.py``), so
+    """Ctrl-C while the job runs: its decoders are held after their first unit (``tests/hold_gates.py``), so
     the signal lands mid-job however fast the machine decodes."""
     src = write_corpus(tmp_path / "in.parquet", clean_corpus(400))
     out, gate = tmp_path / "out", tmp_path / "gate"
     args = job(demo_model_dir, src, out, "--unit-rows", "20", "--beam-size", "4")
     gate.touch()
-    monkeypatch.setenv(AFTER_COMMIT, str(gate))
+    for name, value in gate_env(AFTER_COMMIT, gate).items():
+        monkeypatch.setenv(name, value)
     proc = spawn_driver(cluster, args, tmp_path / "driver.log")
     wait_for_commits(str(out), 1, proc)
     proc.send_signal(signal.SIGINT)
@@ -334,12 +335,13 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(cluster, demo_model_dir, tmp_p
 def test_a_hung_encoder_is_given_up_after_the_stall_timeout(cluster, demo_model_dir, tmp_path, monkeypatch):
     """A stopped (SIGSTOP) encoder never fails: Ray Data waits on it forever. Once every decoder has
     waited --stall-timeout on the empty stream, the units go to the decoders raw; nothing is lost."""
-    n = 600  # the encoder is held before its first block (``pipeline/hold.py``) and stopped there
+    n = 600  # the encoder is held before its first block (``tests/hold_gates.py``) and stopped there
     src = write_corpus(tmp_path / "in.parquet", clean_corpus(n))
     out, gate = tmp_path / "out", tmp_path / "gate"
     stale = frozenset(ray_processes("MapWorker"))
     gate.touch()
-    monkeypatch.setenv(BEFORE_ENCODE, str(gate))
+    for name, value in gate_env(BEFORE_ENCODE, gate).items():
+        monkeypatch.setenv(name, value)
     proc = spawn_driver(cluster, job(demo_model_dir, src, out, "--unit-rows", "30", "--decoders", "1",
                                      "--stall-timeout", "20"), tmp_path / "driver.log")
     encoder = set()
@@ -365,7 +367,8 @@ def test_an_input_changed_on_ray_is_one_error_line(cluster, demo_model_dir, tmp_
     out, gate = tmp_path / "out", tmp_path / "gate"
     stale = frozenset(ray_processes("MapWorker"))
     gate.touch()
-    monkeypatch.setenv(BEFORE_ENCODE, str(gate))  # the encoder waits before its first block: planned, not read
+    for name, value in gate_env(BEFORE_ENCODE, gate).items():
+        monkeypatch.setenv(name, value)  # the encoder waits before its first block: planned, not read
     proc = spawn_driver(cluster, job(demo_model_dir, src, out, "--unit-rows", "50", "--decoders", "1"),
                         tmp_path / "driver.log")
     try:

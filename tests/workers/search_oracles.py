@@ -1,5 +1,5 @@
 """Test oracles of the search: the dense, per-sentence forms the engine's tensor-wide step functions
-are checked against (moved out of ``workers/search.py``: no production code calls them)."""
+are checked against (no product code calls them)."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from raymt.workers.search import NEG_INF, Candidates, Hypothesis, length_normalize
+from raymt.workers.search import NEG_INF, Candidates, Hypothesis
+
+
+def length_normalize(score: float, length: int, length_penalty: float) -> float:
+    """HF's finished-hypothesis score: ``score / length ** length_penalty``."""
+    return score / (length ** length_penalty)
 
 
 def normalized_log_probs(logits: Tensor, pad_id: int, force_eos: Tensor | None = None,

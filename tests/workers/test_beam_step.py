@@ -7,9 +7,10 @@ import torch
 
 from tests.workers.scripted import ScriptedModel, random_tables
 from raymt.workers.config import PruningConfig, SearchConfig
-from raymt.workers.engine import DecodeStats, beam_search
+from raymt.workers.engine import DecodeStats
 from raymt.workers.native import load as load_native
 from raymt.workers.step_ops import ATEN, NativeOps
+from tests.workers.reference_decoding import beam_search
 
 
 def native_or_skip() -> NativeOps:

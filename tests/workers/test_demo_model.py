@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from tests.conftest import shared_path
 from raymt.workers.config import SearchConfig
 from raymt.workers.core_decoder import CoreDecoder
+from tests.workers.reference_decoding import translate_ids
 
 
 def read(path) -> list[str]:
@@ -55,7 +56,7 @@ def test_quality_full_test2016_beam5(translator):
 
 def our_greedy_ids(translator, lines: list[str]) -> list[list[int]]:
     cfg = SearchConfig(beam_size=1, max_decoding_length=128, max_length_b=128)
-    return [list(h[0].tokens) for h in translator.translate_ids(translator.encode(lines), cfg)]
+    return [list(h[0].tokens) for h in translate_ids(translator, translator.encode(lines), cfg)]
 
 
 def strip_eos(ids: list[int], eos: int) -> list[int]:

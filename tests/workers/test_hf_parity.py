@@ -30,6 +30,7 @@ from raymt.workers.checkpoint import save_checkpoint
 from raymt.workers.config import ModelConfig, SearchConfig
 from raymt.workers.model import MarianModel
 from raymt.workers.core_decoder import CoreDecoder
+from tests.workers.reference_decoding import translate_ids
 
 transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses"),
@@ -193,7 +194,7 @@ def test_greedy_matches_hf(pair, source_lines):
     sources = pair.ours.encode(source_lines)
     cfg = SearchConfig(beam_size=1, num_hypotheses=1, max_decoding_length=MAX_NEW_TOKENS,
                        max_length_b=MAX_NEW_TOKENS)
-    ours = [h[0] for h in pair.ours.translate_ids(sources, cfg)]
+    ours = [h[0] for h in translate_ids(pair.ours, sources, cfg)]
     seqs, _ = hf_generate(pair, sources, beam=1, length_penalty=1.0)
     assert [h.tokens for h in ours] == seqs
     assert_both_endings(seqs, pair.eos)
@@ -236,7 +237,7 @@ def test_beam_nbest_matches_hf(shape, beam, length_penalty, get_pair, source_lin
     sources = p.ours.encode(source_lines)
     cfg = SearchConfig(beam_size=beam, num_hypotheses=beam, length_penalty=length_penalty,
                        max_decoding_length=MAX_NEW_TOKENS, max_length_b=MAX_NEW_TOKENS)
-    ours = p.ours.translate_ids(sources, cfg)
+    ours = translate_ids(p.ours, sources, cfg)
     seqs, scores = hf_generate(p, sources, beam, length_penalty)
     assert_both_endings(seqs, p.eos)
     for i, hyps in enumerate(ours):
@@ -302,7 +303,7 @@ def test_forced_eos_follows_config_json_like_hf_from_pretrained(tmp_path, forced
     sources = [torch.randint(2, 100, (int(n),), generator=gen).tolist() + [0] for n in torch.randint(1, 12, (12,))]
     for beam in (1, 3):
         cfg = SearchConfig(beam_size=beam, num_hypotheses=beam, max_decoding_length=6, max_length_b=6)
-        ours = [(h.tokens, h.score) for hyps in p.ours.translate_ids(sources, cfg) for h in hyps]
+        ours = [(h.tokens, h.score) for hyps in translate_ids(p.ours, sources, cfg) for h in hyps]
         seqs, scores = hf_generate(p, sources, beam, 1.0, max_new_tokens=6)
         assert any(len(s) == 6 and (s[-1] == 0) == forced for s in seqs)  # the cap is reached
         if beam == 1:

@@ -34,6 +34,7 @@ from raymt.workers.config import SearchConfig
 from raymt.workers.marian_npz import MarianReader
 from raymt.workers.model_formats import ModelFormatError, open_model
 from raymt.workers.core_decoder import CoreDecoder
+from tests.workers.reference_decoding import translate_ids
 from tests.conftest import ROOT, shared_path
 from tools.marian_export import export
 
@@ -92,7 +93,7 @@ def assert_generate_equal(hf_model, ours: CoreDecoder, german: list[str]) -> Non
     pad = ours.checkpoint.model.config.pad_token_id
     for beam in (1, 4):
         theirs = hf_generate(hf_model, pad, sources, beam)
-        mine = [h[0].tokens for h in ours.translate_ids(sources, search(beam))]
+        mine = [h[0].tokens for h in translate_ids(ours, sources, search(beam))]
         assert mine == theirs, beam
 
 
@@ -161,8 +162,8 @@ def test_npz_weights_and_config_equal_the_hf_directory(demo_model_dir, marian_di
 @pytest.mark.parametrize("beam", [1, 5])
 def test_npz_decodes_as_the_hf_directory(ours_npz, ours_hf, german, beam):
     cfg = search(beam)
-    mine = ours_npz.translate_ids(ours_npz.encode(german), cfg)
-    theirs = ours_hf.translate_ids(ours_hf.encode(german), cfg)
+    mine = translate_ids(ours_npz, ours_npz.encode(german), cfg)
+    theirs = translate_ids(ours_hf, ours_hf.encode(german), cfg)
     assert [[h.tokens for h in hs] for hs in mine] == [[h.tokens for h in hs] for hs in theirs]
     # scores: within 1e-4 (the demo's stored position table is float16-rounded; Marian's npz holds none)
     assert [h.score for hs in mine for h in hs] == pytest.approx([h.score for hs in theirs for h in hs], abs=1e-4)

@@ -19,7 +19,8 @@ from tests.workers.scripted import (
     scripted,
 )
 from raymt.workers.config import PruningConfig, SearchConfig
-from raymt.workers.engine import DecodeStats, beam_search
+from raymt.workers.engine import DecodeStats
+from tests.workers.reference_decoding import beam_search
 from raymt.workers.pruning import RunningCandidates, keep_mask
 
 INF = float("-inf")

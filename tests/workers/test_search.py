@@ -16,12 +16,11 @@ import torch
 
 from raymt.workers.beams import stop_mask
 from benchmarks.search_variants import row_top_log_probs_fused
-from tests.workers.search_oracles import FinishedPool, is_done, normalized_log_probs, top_candidates
+from tests.workers.search_oracles import FinishedPool, is_done, length_normalize, normalized_log_probs, top_candidates
 from raymt.workers.search import (
     Candidates,
     Hypothesis,
     RowTop,
-    length_normalize,
     row_top_log_probs,
     select_step,
     top_candidates_from_rows,

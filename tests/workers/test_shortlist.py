@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.workers.reference_decoding import beam_search, greedy_search
 from tests.workers.scripted import (
     PAD,
     A,
@@ -17,7 +18,6 @@ from tests.workers.scripted import (
     scripted,
 )
 from raymt.workers.config import SearchConfig
-from raymt.workers.engine import beam_search, greedy_search
 from raymt.workers.shortlist import (
     LanguageShortlists,
     LexicalTable,

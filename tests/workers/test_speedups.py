@@ -20,6 +20,7 @@ from raymt.workers.shortlist import LexicalTable, Shortlist
 from raymt.workers.packed_linear import PackedLinear, small_work
 from raymt.workers.speedups import EXACT, CpuSpeedups, Int8Linear, amx_int8, onednn_available
 from raymt.workers.core_decoder import CoreDecoder
+from tests.workers.reference_decoding import translate_ids
 from tests.pipeline.ray_helpers import clean_corpus
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear kernels")
@@ -250,6 +251,6 @@ def test_fp16_translates_close_to_float32_with_float32_scores(demo_model_dir) ->
     assert logits.dtype == torch.float16 and top.log_probs.dtype == torch.float32  # the search reads float32
     want = torch.log_softmax(logits.float(), -1).index_fill(1, torch.tensor([pad]), float("-inf")).topk(4).values
     torch.testing.assert_close(top.log_probs, want)
-    hyps = fp16.translate_ids(fp16.encode(texts[:4]), cfg)
+    hyps = translate_ids(fp16, fp16.encode(texts[:4]), cfg)
     assert all(math.isfinite(h[0].log_prob) and h[0].score == h[0].score for h in hyps)
     assert CpuSpeedups(fp16=True).dtype == torch.float16 and EXACT.dtype == torch.float32

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from raymt.workers.config import ModelConfig, PruningConfig, SearchConfig
-from raymt.workers.engine import beam_search
 from raymt.workers.model import MarianModel
 from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from raymt.workers.cache import KVCache
 from raymt.workers.engine import Engine, StaticStep
+from tests.workers.reference_decoding import beam_search
 from raymt.workers.native import load as load_native
 from raymt.workers.step_ops import NativeOps
 
