@@ -67,7 +67,7 @@ from raymt.pipeline.stream import STDIO, translate_stream
 from raymt.pipeline.units import Columns, InputError
 from raymt.workers.config import FAST_PRUNING, PruningConfig, SamplingConfig, SearchConfig
 from raymt.workers.decode_config import DEFAULTS, BatchingConfig, DecodeConfig, RuntimeConfig, ShortlistSource
-from raymt.workers.device import CPU_DEFAULTS, GPU_DEFAULTS, BatchingDefaults, DeviceUnavailable, on_gpu
+from raymt.workers.device import BatchingDefaults, DeviceUnavailable, batching_defaults_for, on_gpu
 from raymt.workers.generation import UnsupportedGeneration, language_code, read_generation
 from raymt.workers.isa import bf16_refusal, detect as detect_isa
 from raymt.workers.lang_tokenizer import LanguageError, load_language_tokenizer
@@ -150,7 +150,7 @@ def batching_of(args: argparse.Namespace) -> str:
 def batching_defaults(args: argparse.Namespace) -> BatchingDefaults:
     """``--max-batch-size``, ``--static-step`` and ``--refill-threshold`` as given, else the default
     of the device the decoders decode on (``workers/device.py``: the CPU's, or the GPU's)."""
-    d = GPU_DEFAULTS if on_gpu(device_of(args), args.gpus_per_decoder) else CPU_DEFAULTS
+    d = batching_defaults_for(on_gpu(device_of(args), args.gpus_per_decoder), speedups_of(args).precision)
     return BatchingDefaults(max_batch_size=args.max_batch_size or d.max_batch_size,
                             static_step=d.static_step if args.static_step is None else args.static_step,
                             refill_threshold=d.refill_threshold if args.refill_threshold is None else args.refill_threshold)

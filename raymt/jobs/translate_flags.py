@@ -18,6 +18,7 @@ from raymt.pipeline.dispatch import Health
 from raymt.pipeline.settings import PipelineConfig
 from raymt.workers.config import MAX_BEAM_SIZE, MAX_SAMPLING_TEMPERATURE, MIN_SAMPLING_TEMPERATURE
 from raymt.workers.decode_config import DEFAULTS, SCHEDULE, SHORTLIST
+from raymt.workers.device import CPU_DEFAULTS, CPU_INT8_AMX_DEFAULTS, GPU_DEFAULTS
 from raymt.workers.scheduler import CapacityUnit, Policy
 
 SEARCH = DEFAULTS.search
@@ -178,7 +179,9 @@ def add_shortlist_flags(g) -> None:
 
 def add_batching_flags(g) -> None:
     g.add_argument("--max-batch-size", type=int, help="sentences per decoding batch (the streaming slots); default "
-                   "32 on the CPU, 256 on a GPU, fitted there to free memory (workers/device.py)")
+                   f"{CPU_DEFAULTS.max_batch_size} on the CPU ({CPU_INT8_AMX_DEFAULTS.max_batch_size} for --int8 on "
+                   f"AMX tiles), {GPU_DEFAULTS.max_batch_size} on a GPU, fitted there to free memory "
+                   "(workers/device.py)")
     g.add_argument("--batching", choices=["auto", "batch", *[x.value for x in Policy]], default="auto",
                    help="batch: length-sorted batches decoded to the end; otherwise that streaming policy. auto: "
                         "topup (1.2x batch on WMT22's long-tailed lengths), or batch with --shortlist or "

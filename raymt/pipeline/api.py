@@ -78,9 +78,11 @@ class Translator:
         ``split_sentences``: a text of several sentences is translated a sentence at a time and
         rejoined with its whitespace (``workers/sentences.py``); False: as one sequence."""
         on_gpu = resolve_device(device).type == "cuda"
+        speedups = speedups_for(compute_type)
         decode = DecodeConfig(search=search or DEFAULTS.search,
-                              batching=batching_for(on_gpu, shortlist=bool(shortlist), max_batch_tokens=max_batch_tokens),
-                              runtime=RuntimeConfig(device=device, threads=threads, speedups=speedups_for(compute_type)),
+                              batching=batching_for(on_gpu, shortlist=bool(shortlist), max_batch_tokens=max_batch_tokens,
+                                                    precision=speedups.precision),
+                              runtime=RuntimeConfig(device=device, threads=threads, speedups=speedups),
                               shortlist=ShortlistSource(shortlist) if isinstance(shortlist, str) else shortlist,
                               max_row_chars=max_row_chars, split_sentences=split_sentences)
         translator = cls.from_config(model, decode)

@@ -14,6 +14,7 @@ import torch
 from raymt.workers.checkpoint import Checkpoint, Reader, load_checkpoint, local_reader
 from raymt.workers.config import SearchConfig
 from raymt.workers.decode_config import DEFAULTS
+from raymt.workers.device import batching_defaults_for
 from raymt.workers.engine import DecodeStats, Engine, StaticStep, batch_schedule
 from raymt.workers.generation import GenerationDefaults, language_code
 from raymt.workers.lang_tokenizer import per_row_languages
@@ -58,15 +59,18 @@ class CoreDecoder:
     _runner: DecodeRunner | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def load(cls, model: str | Reader, *, threads: int | None = None, max_batch_size: int = DEFAULTS.batching.max_batch_size,
+    def load(cls, model: str | Reader, *, threads: int | None = None, max_batch_size: int | None = None,
              speedups: CpuSpeedups = EXACT, device: torch.device | str = "cpu") -> "CoreDecoder":
         """``model``: a local directory, or a reader (e.g. ``raymt.pipeline.storage.model_reader(url)``).
         ``speedups``: the CPU rewrites (``workers/speedups.py``); the default keeps float32 outputs.
         ``device``: where the weights live and every decode tensor is created; the CPU rewrites
         apply on the CPU only (elsewhere they are skipped, and the log says so); a GPU decoder gets
         the fused Triton output step (``workers/triton_ops.py``) where Triton imports. int8 off the
-        CPU is refused (``ValueError``) before anything loads: it would decode in float32."""
+        CPU is refused (``ValueError``) before anything loads: it would decode in float32.
+        ``max_batch_size`` None: the device's and precision's default (``device.batching_defaults_for``)."""
         device = torch.device(device)
+        if max_batch_size is None:
+            max_batch_size = batching_defaults_for(device.type == "cuda", speedups.precision).max_batch_size
         if why := precision_refusal(speedups, device):
             raise ValueError(why)
         if threads:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from raymt.workers.config import SearchConfig
-from raymt.workers.device import CPU_DEFAULTS, GPU_DEFAULTS
+from raymt.workers.device import CPU_DEFAULTS, batching_defaults_for
 from raymt.workers.inputs import MAX_ROW_CHARS
 from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from raymt.workers.speedups import EXACT, CpuSpeedups, precision_refusal
@@ -109,12 +109,13 @@ SHORTLIST = ShortlistSource(path="")
 
 
 
-def batching_for(on_gpu: bool, *, shortlist: bool = False, max_batch_tokens: int = 0) -> BatchingConfig:
+def batching_for(on_gpu: bool, *, shortlist: bool = False, max_batch_tokens: int = 0,
+                 precision: str = "float32") -> BatchingConfig:
     """The command line's batching (``--batching auto``) on a device, for callers without flags (the
     Python API, the Ray Data operator): top-up streaming with the device's batch size and refill
     threshold, or batches with a shortlist (its candidate set is per batch); a GPU's one-shape step.
     ``max_batch_tokens`` > 0 caps each step's source tokens instead of its sentences."""
-    d = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
+    d = batching_defaults_for(on_gpu, precision)
     schedule = None
     if not shortlist:
         schedule = replace(SCHEDULE, max_batch_sentences=d.max_batch_size, capacity=d.max_batch_size,

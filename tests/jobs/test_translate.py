@@ -108,6 +108,35 @@ def test_batching_defaults_follow_the_device_and_flags_win(tmp_path):
         256, None, 0.5, 100)
 
 
+@pytest.mark.parametrize("amx", [True, False])
+def test_int8_on_amx_tiles_defaults_to_larger_batches_everywhere(tmp_path, monkeypatch, amx, demo_model_dir):
+    """int8 where oneDNN runs it on AMX tiles: 64 sentences a batch by default (command line, Python
+    API, ``CoreDecoder.load``); float32, and int8 without AMX, keep the CPU's 32; a flag still wins."""
+    from raymt.jobs.translate import build_parser, decode_config
+    from raymt.workers import speedups
+    from raymt.workers.decode_config import batching_for
+    from raymt.workers.device import CPU_DEFAULTS, CPU_INT8_AMX_DEFAULTS, batching_defaults_for
+    monkeypatch.setattr(speedups, "amx_int8", lambda: amx)
+    int8_size = CPU_INT8_AMX_DEFAULTS.max_batch_size if amx else CPU_DEFAULTS.max_batch_size
+    assert int8_size == (64 if amx else 32)
+
+    def cli(*extra):
+        args = build_parser().parse_args(["--model", "m", "--input", "i", "--output", str(tmp_path / "o"), *extra])
+        return decode_config(args).batching
+
+    assert cli("--int8").max_batch_size == int8_size and cli("--int8").schedule.max_batch_sentences == int8_size
+    assert cli().max_batch_size == CPU_DEFAULTS.max_batch_size
+    assert cli("--int8", "--max-batch-size", "16").max_batch_size == 16
+    assert batching_for(False, precision="int8").max_batch_size == int8_size
+    assert batching_for(False).max_batch_size == CPU_DEFAULTS.max_batch_size
+    assert batching_defaults_for(True, "int8").max_batch_size != int8_size  # (a GPU's own; int8 is refused there)
+    from raymt.workers.core_decoder import CoreDecoder
+    from raymt.workers.speedups import EXACT
+    from dataclasses import replace
+    assert CoreDecoder.load(str(demo_model_dir), speedups=replace(EXACT, int8=True)).max_batch_size == int8_size
+    assert CoreDecoder.load(str(demo_model_dir)).max_batch_size == CPU_DEFAULTS.max_batch_size
+
+
 def broken_model(tmp_path, demo_model_dir, drop=(), config: bytes | None = None):
     import shutil
     model = tmp_path / "model"
