@@ -72,6 +72,7 @@ from raymt.pipeline.storage import on_disk, put_whole, storage_options
 
 LEASE = "_LEASE.json"
 LOCK_WAIT_S = 2.0  # how long a taker (and a release) waits for the output's lock
+LEASE_TTL_S = 60.0  # how long a paused or cut-off job keeps the output before another may take it
 logger = logging.getLogger(__name__)
 
 
@@ -198,7 +199,7 @@ class Fence:
 class Lease:
     """This job's claim on an output directory: taken before any write, renewed, released at the end."""
 
-    def __init__(self, fs, root: str, ttl_s: float = 60.0, settle_s: float = 0.3, url: str | None = None) -> None:
+    def __init__(self, fs, root: str, ttl_s: float = LEASE_TTL_S, settle_s: float = 0.3, url: str | None = None) -> None:
         self.fs, self.root, self.ttl_s, self.settle_s = fs, root.rstrip("/"), ttl_s, settle_s
         self.path = f"{self.root}/{LEASE}"
         self.url = (url or root).rstrip("/")

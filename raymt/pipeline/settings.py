@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from raymt.pipeline.dispatch import Health
 from raymt.pipeline.evaluate import Scores
-from raymt.pipeline.lease import Fence
+from raymt.pipeline.lease import LEASE_TTL_S, Fence
 from raymt.pipeline.records import UnitStats
 from raymt.pipeline.units import Columns
 from raymt.workers.decode_config import DecodeConfig
@@ -66,7 +66,7 @@ class PipelineConfig:
     in_process: bool = False  # always decode in this process (no Ray)
     health: Health = field(default_factory=Health)
     assemble_to: str | None = None  # one file assembled from the parts, under the lease, before it is released
-    lease_ttl_s: float = 60.0  # how long a paused or cut-off job keeps the output before another may take it
+    lease_ttl_s: float = LEASE_TTL_S  # how long a paused or cut-off job keeps the output before another may take it
 
 
 @dataclass

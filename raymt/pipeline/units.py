@@ -54,6 +54,9 @@ class Plan:
 
 
 MIN_UNIT_ROWS = 100  # below this a unit's commit and start cost more than spreading it earns
+CPU_UNIT_ROWS = 2500  # at most, on the CPU (``auto_unit_rows``)
+GPU_UNIT_SHARE = 64  # on a GPU: 1/64 of the input a unit ...
+GPU_UNIT_ROWS = (CPU_UNIT_ROWS, 50_000)  # ... within these rows
 
 
 def auto_unit_rows(rows: int, gpu: bool, decoders: int = 0) -> int:
@@ -68,7 +71,8 @@ def auto_unit_rows(rows: int, gpu: bool, decoders: int = 0) -> int:
     many as a whole multiple of the decoders where the input has ``MIN_UNIT_ROWS`` rows for each:
     a 3000-row job on 2 CPU decoders ran its 2500-row unit on one core while the other finished its
     500 rows and idled (611 tokens/s end to end; the two decoders in one process reach ~1000)."""
-    cap = min(max(rows // 64, 2500), 50_000) if gpu else 2500
+    low, high = GPU_UNIT_ROWS
+    cap = min(max(rows // GPU_UNIT_SHARE, low), high) if gpu else CPU_UNIT_ROWS
     units = max(1, -(-rows // cap))
     if decoders > 1:
         units = max(units, min(-(-units // decoders) * decoders, rows // MIN_UNIT_ROWS))
