@@ -54,7 +54,8 @@ from benchmarks.peers import (
     splits,
     work_dir,
 )
-from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.bench_reports import SETS, read_lines, write_report
+from raymt.pipeline.stats_tables import markdown_table
 from raymt.pipeline.shortlist_files import load_shortlist
 from benchmarks.step_profile import step_breakdown
 from tools.pad_vocab import pad as pad_vocab

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field, replace
 
 import sacrebleu
 
-from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.bench_reports import SETS, read_lines, write_report
+from raymt.pipeline.stats_tables import markdown_table
 from raymt.workers.config import PruningConfig, SearchConfig
 from raymt.workers.engine import DecodeStats
 from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig

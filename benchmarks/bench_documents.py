@@ -24,7 +24,8 @@ import sacrebleu
 import torch
 
 from raymt.pipeline.api import Translator
-from raymt.pipeline.bench_reports import SETS, machine, markdown_table, read_lines, write_report
+from raymt.pipeline.bench_reports import SETS, machine, read_lines, write_report
+from raymt.pipeline.stats_tables import markdown_table
 
 
 def group(lines: list[str], low: int, high: int) -> list[tuple[int, int]]:

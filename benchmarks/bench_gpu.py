@@ -45,7 +45,8 @@ import torch
 
 from benchmarks.bench_batching import Run, run_all, systems, table, targets, topup_systems, topup_table
 from benchmarks.kernels import attention_rows, output_step_rows, source_attention_rows
-from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.bench_reports import SETS, read_lines, write_report
+from raymt.pipeline.stats_tables import markdown_table
 from raymt.workers.config import ModelConfig, PruningConfig, SearchConfig
 from raymt.workers.device import GPU_DEFAULTS, resolve_device
 from raymt.workers.engine import StaticStep

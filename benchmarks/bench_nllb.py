@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"  {row['system']:<40} {row['tokens_per_s']:>9.1f} tok/s ({row['spread']})  x{row['vs_ours_float32']}"
               f"  {row['target_tokens']} tokens")
     if args.out:
-        from raymt.pipeline.bench_reports import markdown_table, write_report
+        from raymt.pipeline.bench_reports import write_report
+        from raymt.pipeline.stats_tables import markdown_table
         by = {r["system"].split(" (")[0]: r["tokens_per_s"] for r in table}
         pairs = [("ours float32", "CTranslate2 float32"), ("ours int8", "CTranslate2 int8"),
                  ("ours float32 + shortlist", "ours float32"), ("ours float32", "HF generate float32")]

@@ -25,7 +25,8 @@ import random
 import sys
 from dataclasses import dataclass
 
-from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.bench_reports import SETS, read_lines, write_report
+from raymt.pipeline.stats_tables import markdown_table
 from raymt.workers.config import SearchConfig
 from raymt.workers.scheduler import Policy, Request, Scheduler, SchedulerConfig, StepOutput
 

@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raymt.pipeline.actors import DecoderSettings
-from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.bench_reports import SETS, read_lines, write_report
+from raymt.pipeline.stats_tables import markdown_table
 from raymt.pipeline.ray_session import init_ray
 from raymt.pipeline.run import PipelineConfig, run_pipeline
 from raymt.pipeline.sink import OutputStore

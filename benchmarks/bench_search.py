@@ -24,7 +24,8 @@ from benchmarks.search_variants import (
     run_interleaved,
     shortlist_rows,
 )
-from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.bench_reports import SETS, read_lines, write_report
+from raymt.pipeline.stats_tables import markdown_table
 from raymt.workers.config import PruningConfig, SearchConfig
 from raymt.workers.shortlist import Shortlist
 from raymt.workers.core_decoder import CoreDecoder

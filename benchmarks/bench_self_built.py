@@ -22,7 +22,8 @@ import torch
 
 from raymt.pipeline.alignment import lexical_table
 from benchmarks.search_variants import sentence_coverage
-from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.bench_reports import SETS, read_lines, write_report
+from raymt.pipeline.stats_tables import markdown_table
 from raymt.workers.config import SearchConfig
 from raymt.workers.shortlist import Shortlist
 from raymt.workers.engine import DecodeStats

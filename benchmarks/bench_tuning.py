@@ -19,7 +19,8 @@ import time
 
 import sacrebleu
 
-from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.bench_reports import SETS, read_lines, write_report
+from raymt.pipeline.stats_tables import markdown_table
 from raymt.workers.config import SearchConfig
 from raymt.workers.core_decoder import CoreDecoder
 from raymt.workers.tuning import TunerConfig

@@ -45,7 +45,8 @@ from benchmarks.flops import flops_by_part
 from benchmarks.fma_probe import isa_peak
 from benchmarks.peers import OursDecoders, PeerRun, Split, ctranslate2_system, run
 from benchmarks.shapes import SHAPES, Shape, build
-from raymt.pipeline.bench_reports import SETS, markdown_table, read_lines, write_report
+from raymt.pipeline.bench_reports import SETS, read_lines, write_report
+from raymt.pipeline.stats_tables import markdown_table
 from raymt.workers.config import SearchConfig
 from raymt.workers.core_decoder import CoreDecoder
 from raymt.workers.isa import detect as detect_isa

@@ -10,8 +10,6 @@ import os
 import platform
 from importlib import metadata
 
-from raymt.pipeline.stats_tables import markdown_table  # noqa: F401  (the benchmarks' tables)
-
 # name -> (source, reference) under the shared data folder
 SETS = {"multi30k": ("multi30k/test_2016_flickr.de", "multi30k/test_2016_flickr.en"),
         "wmt22": ("wmt22/generaltest2022.de-en.src.de", "wmt22/generaltest2022.de-en.ref.A.en")}
