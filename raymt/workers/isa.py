@@ -65,6 +65,12 @@ class CpuIsa:
         return "portable"
 
     @property
+    def onednn_amx(self) -> bool:
+        """oneDNN may run its AMX kernels here: ``ONEDNN_MAX_CPU_ISA`` unset or at an AMX level (the
+        tiles themselves are the hardware's: ``speedups.amx_int8`` asks torch)."""
+        return not self.onednn_max or _rank(self.onednn_max) >= _rank("AVX10_1_512_AMX")
+
+    @property
     def bf16(self) -> bool:
         """bfloat16 decoding runs here: oneDNN's bf16 GEMMs (AVX512-BW/VL/DQ or AVX-NE-CONVERT)."""
         return self.onednn_bf16

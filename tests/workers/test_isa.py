@@ -71,10 +71,17 @@ def run_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 @needs_avx2
 def test_emulated_avx2_cpu_reads_as_avx2_without_bf16() -> None:
     code = ("from raymt.workers.isa import detect; from raymt.workers.native import build_target;"
-            "i = detect(); print(i.level, i.bf16, build_target())")
+            "from raymt.workers.speedups import amx_int8;"
+            "i = detect(); print(i.level, i.bf16, build_target(), amx_int8())")
     out = run_python(code, AVX2_ENV)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["avx2", "False", "x86-64-v3"]
+    assert out.stdout.split() == ["avx2", "False", "x86-64-v3", "False"]  # (oneDNN held below its AMX kernels)
+
+
+@pytest.mark.parametrize("onednn_max, amx", [("", True), ("AVX2", False), ("AVX512_CORE_BF16", False),
+                                             ("AVX512_CORE_FP16", False), ("AVX512_CORE_AMX", True), ("ALL", True)])
+def test_onednn_held_below_amx_reads_as_no_amx(onednn_max: str, amx: bool) -> None:
+    assert isa(onednn_max=onednn_max).onednn_amx is amx
 
 
 @needs_avx2
