@@ -28,6 +28,7 @@ import sacrebleu
 from raymt.pipeline.bench_reports import SETS, read_lines, write_report
 from raymt.pipeline.stats_tables import markdown_table
 from raymt.workers.config import PruningConfig, SearchConfig
+from raymt.workers.decode_config import DecodeRequest
 from raymt.workers.engine import DecodeStats
 from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from raymt.workers.shortlist import Shortlist
@@ -59,11 +60,11 @@ def run_all(translator: CoreDecoder, sources: list[str], runs: list[Run], repeat
                 order = list(range(len(ids)))
                 start, hyps = time.perf_counter(), []
                 for i in range(0, len(order), batch):
-                    hyps += translator.decode_ids([ids[j] for j in order[i:i + batch]], r.cfg, r.shortlist,
+                    hyps += translator.decode_ids([ids[j] for j in order[i:i + batch]], DecodeRequest(r.cfg, r.shortlist),
                                                   stats=st).hypotheses
             else:
                 start = time.perf_counter()
-                hyps = translator.decode_ids(ids, r.cfg, r.shortlist, batching=r.batching, stats=st).hypotheses
+                hyps = translator.decode_ids(ids, DecodeRequest(r.cfg, r.shortlist, r.batching), stats=st).hypotheses
             r.seconds.append(time.perf_counter() - start)
             r.texts = [tok.decode(list(h[0].tokens)) for h in hyps]
             r.stats, r.timesteps = st, st.steps

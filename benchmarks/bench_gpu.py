@@ -48,6 +48,7 @@ from benchmarks.kernels import attention_rows, output_step_rows, source_attentio
 from raymt.pipeline.bench_reports import SETS, read_lines, write_report
 from raymt.pipeline.stats_tables import markdown_table
 from raymt.workers.config import ModelConfig, PruningConfig, SearchConfig
+from raymt.workers.decode_config import DecodeRequest
 from raymt.workers.device import GPU_DEFAULTS, resolve_device
 from raymt.workers.engine import StaticStep
 from raymt.workers.scheduler import Policy, SchedulerConfig
@@ -117,7 +118,7 @@ def ours_runner(translator: CoreDecoder, static: StaticStep | None = None, refil
         batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=capacity, capacity=capacity,
                                    refill_threshold=refill_threshold)
         cfg = SearchConfig(beam_size=beam, max_length_a=0.0, max_length_b=256)  # HF's max_new_tokens=256
-        decoded = translator.decode_ids(translator.encode(lines), cfg, batching=batching, static=static)
+        decoded = translator.decode_ids(translator.encode(lines), DecodeRequest(cfg, schedule=batching, static=static))
         stats = decoded.stats
         return [tok.decode(list(h[0].tokens)) for h in decoded.hypotheses], stats.target_tokens, stats.steps
     return translate
@@ -184,7 +185,7 @@ def synthetic_runner(demo: CoreDecoder, base: CoreDecoder, static: StaticStep | 
         sources = sorted(([i % vocab for i in ids] for ids in demo.encode(lines)), key=len)
         cfg = SearchConfig(beam_size=beam, max_length_a=1.5, max_length_b=10)
         batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=capacity, capacity=capacity)
-        stats = base.decode_ids(sources, cfg, batching=batching, static=static).stats
+        stats = base.decode_ids(sources, DecodeRequest(cfg, schedule=batching, static=static)).stats
         return [""] * len(lines), stats.target_tokens, stats.steps
     return translate
 

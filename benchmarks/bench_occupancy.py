@@ -94,9 +94,10 @@ def simulate(sentences: list[Sentence], *, unit_rows: int, capacity: int, policy
 def decode_lengths(model: str, lines: list[str], beam: int) -> list[Sentence]:
     """Each line's source token count and its translation's token count (the model on the CPU)."""
     from raymt.workers.core_decoder import CoreDecoder  # (torch: only here)
+    from raymt.workers.decode_config import DecodeRequest
     translator = CoreDecoder.load(model)
     sources = translator.encode(lines)
-    hyps = translator.decode_ids(sources, SearchConfig(beam_size=beam)).hypotheses
+    hyps = translator.decode_ids(sources, DecodeRequest(SearchConfig(beam_size=beam))).hypotheses
     return [Sentence(len(s), max(len(h[0].tokens), 1)) for s, h in zip(sources, hyps)]
 
 

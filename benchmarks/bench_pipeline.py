@@ -31,7 +31,7 @@ from raymt.pipeline.sink import OutputStore
 from raymt.pipeline.stats_tables import actor_table
 from raymt.pipeline.units import Columns
 from raymt.workers.config import SearchConfig
-from raymt.workers.decode_config import BatchingConfig, DecodeConfig, RuntimeConfig
+from raymt.workers.decode_config import BatchingConfig, DecodeConfig, DecodeRequest, RuntimeConfig
 from raymt.workers.core_decoder import CoreDecoder
 
 
@@ -39,7 +39,7 @@ def in_process(translator: CoreDecoder, texts: list[str], cfg: SearchConfig) -> 
     """Seconds and target tokens of the bare engine over ``texts`` (tokenising not timed)."""
     ids = translator.encode(texts)
     start = time.perf_counter()
-    decoded = translator.decode_ids(ids, cfg)
+    decoded = translator.decode_ids(ids, DecodeRequest(cfg))
     return time.perf_counter() - start, decoded.stats.target_tokens
 
 

@@ -23,12 +23,13 @@ from raymt.pipeline.bench_reports import SETS, read_lines, write_report
 from raymt.pipeline.stats_tables import markdown_table
 from raymt.workers.config import SearchConfig
 from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decode_config import DecodeRequest
 from raymt.workers.tuning import TunerConfig
 
 
 def timed(translator: CoreDecoder, ids: list[list[int]], cfg: SearchConfig) -> tuple[float, int, list]:
     start = time.perf_counter()
-    decoded = translator.decode_ids(ids, cfg)
+    decoded = translator.decode_ids(ids, DecodeRequest(cfg))
     return time.perf_counter() - start, decoded.stats.target_tokens, decoded.hypotheses
 
 

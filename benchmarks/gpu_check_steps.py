@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_leaves
 from benchmarks.bench_gpu import hf_runner, measure, ours_runner, rows_of
 from raymt.pipeline.bench_reports import SETS, read_lines
 from raymt.workers.config import SearchConfig
+from raymt.workers.decode_config import DecodeRequest
 from raymt.workers.device import GPU_DEFAULTS
 from raymt.workers.isa import bf16_refusal, detect
 from raymt.workers.scheduler import Policy, SchedulerConfig
@@ -150,14 +151,14 @@ def replay(sizes: Sizes) -> list[Row]:
         eager_translator = CoreDecoder.load(DEMO, device=sizes.device)
     sources, cfg = translator.encode(data[0]), SearchConfig(beam_size=sizes.beam)
     batching = topup(min(32, sizes.slots))
-    dynamic = tokens(translator.decode_ids(sources, cfg, batching=batching))
+    dynamic = tokens(translator.decode_ids(sources, DecodeRequest(cfg, schedule=batching)))
     rows = []
     for every, late in ((1, False), (4, False), (4, True)):
         static = StaticStep(readback_every=every, late=late)
         with counted_replays() as replays:
-            graphed = tokens(translator.decode_ids(sources, cfg, batching=batching, static=static))
+            graphed = tokens(translator.decode_ids(sources, DecodeRequest(cfg, schedule=batching, static=static)))
         with eager_static_step():
-            eager = tokens(eager_translator.decode_ids(sources, cfg, batching=batching, static=static))
+            eager = tokens(eager_translator.decode_ids(sources, DecodeRequest(cfg, schedule=batching, static=static)))
         same, near = sum(a == b for a, b in zip(graphed, eager)), sum(a == b for a, b in zip(graphed, dynamic))
         name = f"{check}, read back every {every}{', late' if late else ''}"
         on_gpu = sizes.device.startswith("cuda")
@@ -218,8 +219,9 @@ def device_index(sizes: Sizes) -> list[Row]:
     params = {str(p.device) for p in translator.checkpoint.model.parameters()}
     sources, cfg, batching = translator.encode(data[0]), SearchConfig(beam_size=sizes.beam), topup(min(32, sizes.slots))
     with TensorDevices() as seen:
-        dynamic = tokens(translator.decode_ids(sources, cfg, batching=batching))
-    static = tokens(translator.decode_ids(sources, cfg, batching=batching, static=StaticStep(readback_every=4)))
+        dynamic = tokens(translator.decode_ids(sources, DecodeRequest(cfg, schedule=batching)))
+    static = tokens(translator.decode_ids(sources, DecodeRequest(cfg, schedule=batching,
+                                                                       static=StaticStep(readback_every=4))))
     grown = {i: torch.cuda.memory_allocated(i) - b for i, b in before.items() if torch.cuda.memory_allocated(i) != b}
     same = sum(a == b for a, b in zip(static, dynamic))
     ok = params == {str(device)} and set(seen.devices) <= {str(device), "cpu"} and not grown \

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from raymt.workers.config import PruningConfig, SearchConfig
+from raymt.workers.decode_config import DecodeRequest
 from raymt.workers.engine import DecodeStats
 from raymt.workers.search import NEG_INF, RowTop, force_eos_rows
 from raymt.workers.shortlist import Shortlist, coverage
@@ -48,7 +49,7 @@ def run_interleaved(translator: CoreDecoder, sources: list[str], systems: list[S
     for _ in range(repeats):
         for system in systems:
             start = time.perf_counter()
-            decoded = translator.decode_ids(ids, system.cfg, system.shortlist)
+            decoded = translator.decode_ids(ids, DecodeRequest(system.cfg, system.shortlist))
             hyps = decoded.hypotheses
             system.seconds.append(time.perf_counter() - start)
             system.texts = [tok.decode(list(h[0].tokens)) for h in hyps]

@@ -29,11 +29,13 @@ from raymt.pipeline.alignment import SPACES, frequency_table, lexical_table
 from raymt.pipeline.corpus import read_corpus
 from raymt.pipeline.extras import MissingExtra, require, require_for_url
 from raymt.pipeline.hub import HubError
-from raymt.pipeline.shortlist_files import save_language_tables, save_table
+from raymt.pipeline.shortlist_files import VMAP_TOP_M, VMAP_TOP_N, save_language_tables, save_table
 from raymt.pipeline.storage import model_reader
 from raymt.workers.config import SearchConfig
+from raymt.workers.decode_config import DEFAULTS
 from raymt.workers.lang_tokenizer import LanguageError, LanguageTokenizer
 from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.shortlist import MAX_PER_SOURCE
 
 
 SELF_BUILT_SAMPLE = 10_000  # lines translated for a self-built table unless --sample says otherwise
@@ -49,13 +51,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--self-built", action="store_true", help="no bitext: translate --source and align with the output")
     p.add_argument("--frequency-only", action="store_true", help="top-frequency list only (the TF baseline)")
     p.add_argument("--sample", type=int, default=None,
-                   help="use a random sample of this many lines (0: all). Default: all lines of a bitext; 10000 for "
-                        "--self-built (measured on Multi30k, docs/results/self-built-multi30k.md: 2,000 lines cost 3.2 "
-                        "BLEU, 5,000 1.4, 10,000 0.35, 29,000 none)")
-    p.add_argument("--beam-size", type=int, default=5, help="beam for --self-built translations")
-    p.add_argument("--max-per-source", type=int, default=500)
-    p.add_argument("--vmap-top-m", type=int, default=100)
-    p.add_argument("--vmap-top-n", type=int, default=1000)
+                   help=f"use a random sample of this many lines (0: all). Default: all lines of a bitext; "
+                        f"{SELF_BUILT_SAMPLE} for --self-built (measured on Multi30k, "
+                        "docs/results/self-built-multi30k.md: 2,000 lines cost 3.2 BLEU, 5,000 1.4, 10,000 0.35, "
+                        "29,000 none)")
+    p.add_argument("--beam-size", type=int, default=DEFAULTS.search.beam_size,
+                   help="beam for --self-built translations")
+    p.add_argument("--max-per-source", type=int, default=MAX_PER_SOURCE)
+    p.add_argument("--vmap-top-m", type=int, default=VMAP_TOP_M)
+    p.add_argument("--vmap-top-n", type=int, default=VMAP_TOP_N)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--source-lang", help="M2M100 / NLLB: the language of --source")
     p.add_argument("--target-lang", nargs="+", help="M2M100 / NLLB: the target languages, one table each")

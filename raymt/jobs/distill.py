@@ -17,7 +17,7 @@ import dataclasses
 import json
 import logging
 
-from raymt.jobs.translate import JOB_ERRORS, build_parser, decode_config, interrupted, model_search, pipeline_config
+from raymt.jobs.translate import JOB_ERRORS, build_parser, decode_config, interrupted, model_generation, pipeline_config
 from raymt.workers.generation import UnsupportedGeneration
 from raymt.pipeline.distill_columns import Filters, write_distilled
 from raymt.pipeline.run import run_pipeline
@@ -29,8 +29,9 @@ def main(argv: list[str] | None = None) -> dict:
     g = p.add_argument_group("distillation")
     g.add_argument("--target-column", help="a bitext's target column, kept alongside as 'reference'")
     g.add_argument("--token-logprobs", action="store_true", help="per-token teacher log-probs of the best translation")
-    g.add_argument("--max-length-ratio", type=float, default=3.0, help="filter: target/source words outside [1/r, r]")
-    g.add_argument("--min-score", type=float, default=float("-inf"), help="filter: length-normalised log-prob below")
+    g.add_argument("--max-length-ratio", type=float, default=Filters().max_length_ratio,
+                   help="filter: target/source words outside [1/r, r]")
+    g.add_argument("--min-score", type=float, default=Filters().min_score, help="filter: length-normalised log-prob below")
     args = p.parse_args(argv)
     if args.split_sentences is None:  # a bitext row is one training pair: decoded whole unless asked
         args.split_sentences = False
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     summaries = []
     try:  # the distilled files are written under the output's lease, like every other file of the job
-        pc = pipeline_config(args, decode_config(args, model_search(args)))
+        pc = pipeline_config(args, decode_config(args, model_generation(args)))
         pc = dataclasses.replace(pc, decoder=dataclasses.replace(pc.decoder, parts=dataclasses.replace(
             pc.decoder.parts, token_logprobs=args.token_logprobs, keep_reference=bool(args.target_column))))
         result = run_pipeline(pc, finish=lambda store: summaries.append(

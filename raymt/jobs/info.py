@@ -20,13 +20,16 @@ import sys
 
 import torch
 
+from raymt.workers.decode_config import DEFAULTS
+
 logger = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="raymt info", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="a model directory, fsspec URL or hub id: its basics and the search a job runs")
-    p.add_argument("--threads", type=int, default=0, help="as raymt translate --threads (0: its default)")
+    p.add_argument("--threads", type=int, default=DEFAULTS.runtime.threads,
+                   help="as raymt translate --threads (0: its default)")
     p.add_argument("--build", action="store_true", help="build the native operators now where no build is "
                    "installed or cached (as a job's first unit would)")
     return p
@@ -74,8 +77,10 @@ def kernel_lines(build: bool) -> list[str]:
 def thread_lines(threads: int) -> list[str]:
     if threads:
         return [f"threads: {threads} per decoder (--threads)"]
-    line = f"threads: {os.cpu_count() or 1} in this process (a small job, --in-process: all cores), 2 per decoder " \
-           "actor on Ray (--threads)"
+    from raymt.pipeline.settings import ACTOR_THREADS
+
+    line = f"threads: {os.cpu_count() or 1} in this process (a small job, --in-process: all cores), {ACTOR_THREADS} " \
+           "per decoder actor on Ray (--threads)"
     return [line]
 
 
@@ -92,11 +97,11 @@ def model_lines(model: str) -> list[str]:
     lines = [f"model: {model}: " + ", ".join(f"{k} {config[k]}" for k in keys if k in config)]
     args = job.build_parser().parse_args(["--model", model, "--input", "-", "--output", "-"])
     try:
-        base = job.model_search(args)  # the model's own generation defaults (M2M100 / NLLB), else the product's
-        search = job.search_config(args, base)
+        generation = job.model_generation(args)  # the model's own generation defaults (M2M100 / NLLB), else None
+        search = job.search_config(args, generation)
     except ValueError as e:  # (UnsupportedGeneration too: the job refuses the model in this line)
         return [*lines, f"search: refused: {e}"]
-    source = "the model's generation defaults" if base != job.DEFAULTS.search else "the product's defaults"
+    source = "the model's generation defaults" if generation is not None else "the product's defaults"
     target = f"; target language {args.target_lang}" if args.target_lang else ""
     return [*lines, f"search: {search.signature()} ({source}, flags win){target}"]
 

@@ -5,7 +5,7 @@
         --input s3://bucket/corpus/ --output s3://bucket/out/ --evaluate --reference-column ref
 
 Runs on the cluster at ``RAY_ADDRESS`` (or the job's cluster under ``ray job submit``), else on a
-local one; a small job (``--local-rows``, default 1000) with no cluster address, or any job with
+local one; a small job (at most ``--local-rows`` rows) with no cluster address, or any job with
 ``--in-process``, runs the same worker code in this process without starting Ray.
 
 ``--model``: a model directory, an fsspec URL, or a Hugging Face hub id (``org/name[@revision]``, fetched
@@ -28,8 +28,8 @@ discards the old output; a rerun that leaves ``--unit-rows`` out keeps the outpu
 local or fsspec URLs (``s3://``; endpoint and credentials from the AWS environment variables).
 
 Decoding on a GPU (``--gpus-per-decoder 1`` or ``--device cuda``), the batching flags left out take
-the GPU's defaults (``workers/device.py``): 256 slots fitted to free memory, the static step read
-back every 4 steps, refill at 5% empty, larger work units.
+the GPU's defaults (``workers/device.py``; each flag's help gives both): more slots, fitted to free
+memory, the static step, an earlier refill, larger work units.
 """
 from __future__ import annotations
 
@@ -65,10 +65,12 @@ from raymt.pipeline.stats_tables import actor_table, markdown_table
 from raymt.pipeline.storage import model_reader, storage_options
 from raymt.pipeline.stream import STDIO, translate_stream
 from raymt.pipeline.units import Columns, InputError
-from raymt.workers.config import FAST_PRUNING, PruningConfig, SamplingConfig, SearchConfig
-from raymt.workers.decode_config import DEFAULTS, BatchingConfig, DecodeConfig, RuntimeConfig, ShortlistSource
-from raymt.workers.device import BatchingDefaults, DeviceUnavailable, batching_defaults_for, on_gpu
-from raymt.workers.generation import UnsupportedGeneration, language_code, read_generation
+from raymt.workers.config import FAST_PRUNING, NUM_SAMPLES, PruningConfig, SamplingConfig, SearchConfig
+from raymt.workers.decode_config import (DEFAULTS, BatchingConfig, DecodeConfig, RuntimeConfig, ShortlistSource,
+                                         batching_for)
+from raymt.workers.device import DeviceUnavailable, on_gpu
+from raymt.workers.generation import (GenerationDefaults, UnsupportedGeneration, effective_search, language_code,
+                                      read_generation)
 from raymt.workers.isa import bf16_refusal, detect as detect_isa
 from raymt.workers.lang_tokenizer import LanguageError, load_language_tokenizer
 from raymt.workers.native import kernels_summary
@@ -84,10 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     return _build_parser(__doc__)
 
 
-def search_config(args: argparse.Namespace, base: SearchConfig = DEFAULTS.search) -> SearchConfig:
-    """The search flags over ``base`` (``model_search``: the model's own generation defaults, or the
-    product's): a flag given wins, one left out (None) keeps ``base``'s value. Sampling flags
-    (``sampling_config``) make each row's ``--num-samples`` lanes draw instead of searching."""
+def search_config(args: argparse.Namespace, model: GenerationDefaults | None = None) -> SearchConfig:
+    """The search flags over the model's generation settings (``model_generation``; None: the product's
+    defaults), merged once (``generation.effective_search``): a flag given wins, one left out (None)
+    keeps the model's or the product's value. Sampling flags (``sampling_config``) make each row's
+    ``--num-samples`` lanes draw instead of searching."""
     pruning = PruningConfig(rp=args.rp, ap=args.ap, rpl=args.rpl, mc=args.mc, delta=args.delta,
                             early_stop=args.early_stop)
     if args.fast and not pruning.active:
@@ -99,15 +102,15 @@ def search_config(args: argparse.Namespace, base: SearchConfig = DEFAULTS.search
     if sampling is not None:
         if args.beam_size is not None:
             raise ValueError("--beam-size is beam search's width; with sampling flags give --num-samples")
-        samples = 1 if args.num_samples is None else args.num_samples
+        samples = NUM_SAMPLES if args.num_samples is None else args.num_samples
         flags |= {"beam_size": samples, "num_hypotheses": samples if args.nbest is None else args.nbest, "sampling": sampling}
     else:
         flags["num_hypotheses"] = DEFAULTS.search.num_hypotheses if args.nbest is None else args.nbest
     try:
-        return replace(base, **{k: v for k, v in flags.items() if v is not None}, pruning=pruning)
+        return effective_search(model, **flags, pruning=pruning)
     except ValueError as e:
-        if args.beam_size is None and sampling is None and base != DEFAULTS.search:  # (the beam size came from the model)
-            raise ValueError(f"{e} (the model's generation_config.json asks for num_beams {base.beam_size}; "
+        if args.beam_size is None and sampling is None and model is not None:  # (the beam size came from the model)
+            raise ValueError(f"{e} (the model's generation_config.json asks for num_beams {model.num_beams}; "
                              "give --beam-size)") from None
         raise
 
@@ -120,11 +123,11 @@ def sampling_config(args: argparse.Namespace) -> SamplingConfig | None:
     return SamplingConfig(**{k: v for k, v in given.items() if v is not None}, seed=args.sampling_seed)
 
 
-def model_search(args: argparse.Namespace) -> SearchConfig:
-    """The search the flags apply over: an M2M100 / NLLB model's own generation defaults
-    (``raymt.workers.generation``: what HF ``generate`` runs on that directory), else the product's
-    (a Marian model, or one that cannot be read here: the job names what is wrong with it). A
-    target language the model's settings force (``forced_bos_token_id``) becomes ``--target-lang``'s
+def model_generation(args: argparse.Namespace) -> GenerationDefaults | None:
+    """The generation settings the search flags apply over: an M2M100 / NLLB model's own
+    (``raymt.workers.generation``: what HF ``generate`` runs on that directory), else None: the
+    product's (a Marian model, or one that cannot be read here: the job names what is wrong with it).
+    A target language the model's settings force (``forced_bos_token_id``) becomes ``--target-lang``'s
     default. Settings the decoder does not implement raise ``UnsupportedGeneration``."""
     try:
         read = model_reader(model_arg(args.model))
@@ -135,8 +138,8 @@ def model_search(args: argparse.Namespace) -> SearchConfig:
         raise
     except (OSError, ValueError, ImportError) as e:  # (OSError: also a missing file)
         logger.debug("the model's generation settings not read (%s): the product's search defaults", e)
-        return DEFAULTS.search
-    return DEFAULTS.search if defaults is None else defaults.search(DEFAULTS.search)
+        return None
+    return defaults
 
 
 def batching_of(args: argparse.Namespace) -> str:
@@ -147,37 +150,41 @@ def batching_of(args: argparse.Namespace) -> str:
     return "batch" if args.shortlist or args.tune_batch else Policy.TOPUP.value
 
 
-def batching_defaults(args: argparse.Namespace) -> BatchingDefaults:
-    """``--max-batch-size``, ``--static-step`` and ``--refill-threshold`` as given, else the default
-    of the device the decoders decode on (``workers/device.py``: the CPU's, or the GPU's)."""
-    d = batching_defaults_for(on_gpu(device_of(args), args.gpus_per_decoder), speedups_of(args).precision)
-    return BatchingDefaults(max_batch_size=args.max_batch_size or d.max_batch_size,
-                            static_step=d.static_step if args.static_step is None else args.static_step,
-                            refill_threshold=d.refill_threshold if args.refill_threshold is None else args.refill_threshold)
+def device_batching(args: argparse.Namespace) -> BatchingConfig:
+    """The batching of the device the decoders decode on (``decode_config.batching_for``: its batch
+    size, refill threshold and static step, the CPU's or the GPU's), which a batching flag left out keeps."""
+    return batching_for(on_gpu(device_of(args), args.gpus_per_decoder), precision=speedups_of(args).precision)
 
 
-def scheduler_config(args: argparse.Namespace) -> SchedulerConfig | None:
+def scheduler_config(args: argparse.Namespace, device: BatchingConfig | None = None) -> SchedulerConfig | None:
+    """``--batching``'s streaming schedule (None: length-sorted batches): the flags given over the
+    ``device``'s schedule (``device_batching``)."""
     if batching_of(args) == "batch":
         return None
-    d = batching_defaults(args)
-    return SchedulerConfig(policy=Policy(batching_of(args)), max_batch_sentences=d.max_batch_size,
-                           capacity=args.capacity or d.max_batch_size, capacity_unit=CapacityUnit(args.capacity_unit),
-                           epsilon=args.epsilon, refill_threshold=d.refill_threshold, flush_every=args.flush_every)
+    device = device or device_batching(args)
+    size = args.max_batch_size or device.max_batch_size
+    refill = device.schedule.refill_threshold if args.refill_threshold is None else args.refill_threshold
+    return replace(device.schedule, policy=Policy(batching_of(args)), max_batch_sentences=size,
+                   capacity=args.capacity or size, capacity_unit=CapacityUnit(args.capacity_unit),
+                   epsilon=args.epsilon, refill_threshold=refill, flush_every=args.flush_every)
 
 
 def batching_config(args: argparse.Namespace) -> BatchingConfig:
-    d = batching_defaults(args)
-    return BatchingConfig(max_batch_size=d.max_batch_size, schedule=scheduler_config(args), tune=args.tune_batch,
-                          static=StaticStep(readback_every=d.static_step, late=args.late_readback) if d.static_step
-                          else None)
+    """The batching flags over the device's batching (``device_batching``): a flag given wins."""
+    device = device_batching(args)
+    readback = (device.static.readback_every if device.static else 0) if args.static_step is None else args.static_step
+    return BatchingConfig(max_batch_size=args.max_batch_size or device.max_batch_size,
+                          schedule=scheduler_config(args, device), tune=args.tune_batch,
+                          static=StaticStep(readback_every=readback, late=args.late_readback) if readback else None)
 
 
-def decode_config(args: argparse.Namespace, search: SearchConfig = DEFAULTS.search) -> DecodeConfig:
-    """The flags' one ``DecodeConfig``: search (the flags over ``search``, ``model_search``'s), batching,
-    runtime, shortlist (local paths absolute) and the row limit."""
-    shortlist = ShortlistSource(local_path(args.shortlist), top_m=args.shortlist_m, top_n=args.shortlist_n) \
+def decode_config(args: argparse.Namespace, model: GenerationDefaults | None = None) -> DecodeConfig:
+    """The flags' one ``DecodeConfig``: search (the flags over ``model``'s generation settings,
+    ``model_generation``'s), batching, runtime, shortlist (its path as given: ``decoder_settings``
+    makes it absolute for the decoders) and the row limit."""
+    shortlist = ShortlistSource(args.shortlist, top_m=args.shortlist_m, top_n=args.shortlist_n) \
         if args.shortlist else None
-    return DecodeConfig(search=search_config(args, search), batching=batching_config(args),
+    return DecodeConfig(search=search_config(args, model), batching=batching_config(args),
                         runtime=RuntimeConfig(device=device_of(args), threads=args.threads, speedups=speedups_of(args)),
                         shortlist=shortlist, max_row_chars=args.max_row_chars,
                         split_sentences=DEFAULTS.split_sentences if args.split_sentences is None else args.split_sentences)
@@ -195,20 +202,6 @@ def device_of(args: argparse.Namespace) -> str:
     if args.device == "auto" and args.in_process:
         return "cuda" if torch.cuda.is_available() else "cpu"
     return args.device or ("cuda" if args.gpus_per_decoder else "cpu")
-
-
-def signature(args: argparse.Namespace, decode: DecodeConfig) -> str:
-    """What decodes, in a line printed beside every output (and part of the plan): the model named as
-    one path however it is spelled (``./m/`` and ``m`` are the same model), the search and speedups,
-    and a row limit other than the default (which rows are decoded at all)."""
-    model = args.model.rstrip("/") if "://" in args.model else os.path.normpath(args.model)
-    precision = decode.runtime.speedups.precision  # (what the decoders run: int8 off the CPU is refused first)
-    return f"model:{model}|{decode.search.signature()}|batching:{batching_of(args)}" + (
-        f"|shortlist:{args.shortlist}:{args.shortlist_m}:{args.shortlist_n}" if args.shortlist else "") + (
-        "" if precision == "float32" else f"|{precision}") + (
-        f"|langs:{args.source_lang}>{args.target_lang}" if args.source_lang or args.target_lang else "") + (
-        f"|max-row-chars:{decode.max_row_chars}" if decode.max_row_chars != DEFAULTS.max_row_chars else "") + (
-        "|sentences" if decode.split_sentences else "")
 
 
 def precision_check(args: argparse.Namespace) -> None:
@@ -234,9 +227,14 @@ def single_file(url: str) -> bool:
 
 
 def decoder_settings(args: argparse.Namespace, decode: DecodeConfig, one_file: bool) -> DecoderSettings:
+    """What the decoders are built from: the model, the output and the shortlist as absolute paths
+    (``local_path``), and the signature (``DecodeConfig.signature``) naming them as given."""
+    shortlist = None if decode.shortlist is None else replace(decode.shortlist, path=local_path(decode.shortlist.path))
     return DecoderSettings(model=model_arg(args.model),
                            output=local_path(args.output + ".parts" if one_file else args.output),
-                           decode=decode, signature=signature(args, decode),
+                           decode=replace(decode, shortlist=shortlist),
+                           signature=decode.signature(args.model, source_lang=args.source_lang,
+                                                      target_lang=args.target_lang),
                            parts=PartColumns(evaluate=args.evaluate, passthrough=not args.no_passthrough),
                            source_lang=args.source_lang, target_lang=args.target_lang)
 
@@ -373,11 +371,11 @@ def main(argv: list[str] | None = None) -> None:
     args.shortlist = shortlist_for(args.shortlist, args.model)  # a Marian directory's lex.s2t by default
     precision_check(args)
     try:
-        search = model_search(args)
+        model = model_generation(args)
     except (UnsupportedGeneration, HubError) as e:
         raise SystemExit(f"error: {e}") from None
     try:
-        decode = decode_config(args, search)
+        decode = decode_config(args, model)
     except ValueError as e:  # e.g. --nbest above --beam-size: a usage error in one line, not a traceback
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -15,13 +15,17 @@ import dataclasses
 import re
 
 from raymt.pipeline.dispatch import Health
-from raymt.pipeline.settings import PipelineConfig
-from raymt.workers.config import MAX_BEAM_SIZE, MAX_SAMPLING_TEMPERATURE, MIN_SAMPLING_TEMPERATURE
+from raymt.pipeline.settings import ACTOR_THREADS, PipelineConfig
+from raymt.pipeline.units import CPU_UNIT_ROWS, GPU_UNIT_ROWS, GPU_UNIT_SHARE, MIN_UNIT_ROWS
+from raymt.pipeline.workunit import Columns
+from raymt.workers.config import (FAST_PRUNING, MAX_BEAM_SIZE, MAX_SAMPLING_TEMPERATURE, MIN_SAMPLING_TEMPERATURE,
+                                  NUM_SAMPLES, SamplingConfig)
 from raymt.workers.decode_config import DEFAULTS, SCHEDULE, SHORTLIST
 from raymt.workers.device import CPU_DEFAULTS, CPU_INT8_AMX_DEFAULTS, GPU_DEFAULTS
 from raymt.workers.scheduler import CapacityUnit, Policy
 
 SEARCH = DEFAULTS.search
+SAMPLING = SamplingConfig()
 GENERATION = "the model's generation_config.json (M2M100 / NLLB)"
 
 
@@ -34,8 +38,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 
 def default_of(config: type, name: str):
-    """The default of field ``name`` of a config dataclass (``PipelineConfig``, ``Health``): the cluster
-    and fault flags read the pipeline's one table of defaults, as the search flags read ``DEFAULTS``."""
+    """The default of field ``name`` of a config dataclass (``PipelineConfig``, ``Health``, ``Columns``):
+    the cluster, fault and column flags read the pipeline's one table of defaults, as the search flags
+    read ``DEFAULTS``."""
     return next(f.default for f in dataclasses.fields(config) if f.name == name)
 
 
@@ -84,13 +89,14 @@ def add_user_flags(p: argparse.ArgumentParser) -> None:
                    help="where each decoder decodes (default: cuda with --gpus-per-decoder, else cpu). A GPU that "
                         "is not there is an error, never a silent CPU fallback. On Ray, cuda reserves one GPU "
                         "per decoder actor unless --gpus-per-decoder says otherwise")
-    p.add_argument("--decoders", type=int, default=0, help="decoder actors (0: as many as the cluster's cores allow)")
+    p.add_argument("--decoders", type=int, default=default_of(PipelineConfig, "decoders"),
+                   help="decoder actors (0: as many as the cluster's cores allow)")
     p.add_argument("--threads", type=int, default=DEFAULTS.runtime.threads, help="torch intra-op threads per decoder "
-                   "(0: all cores in-process, 2 per decoder actor on Ray)")
+                   f"(0: all cores in-process, {ACTOR_THREADS} per decoder actor on Ray)")
 
 
 def add_input_flags(g) -> None:
-    g.add_argument("--text-column", "--text-field", dest="text_column", default="text",
+    g.add_argument("--text-column", "--text-field", dest="text_column", default=default_of(Columns, "text"),
                    help="the Parquet / CSV column or JSONL field to translate")
     g.add_argument("--id-column", "--id-field", dest="id_column",
                    help="the Parquet / CSV column or JSONL field of ids; default: 'id' when present, else the row "
@@ -110,7 +116,7 @@ def add_input_flags(g) -> None:
     g.add_argument("--target-lang-column", "--target-lang-field", dest="target_lang_column",
                    help="M2M100 / NLLB: a Parquet column or JSONL field of per-row target languages (an empty one: "
                         "--target-lang); rows of different languages are decoded together")
-    g.add_argument("--column", dest="tsv_column", type=int, default=1, metavar="N",
+    g.add_argument("--column", dest="tsv_column", type=int, default=default_of(Columns, "tsv_column"), metavar="N",
                    help="a .tsv input's column to translate, 1-based as in cut -f (Mozilla-style src<TAB>trg: 1)")
     g.add_argument("--no-passthrough", action="store_true",
                    help="leave the input's other columns (Parquet, CSV) or fields (JSONL) out of the output; by default "
@@ -143,15 +149,16 @@ def add_sampling_flags(g) -> None:
     ``--output-sampling`` offer; None: not given."""
     g.add_argument("--sampling-temperature", type=float, metavar="T",
                    help=f"sample from softmax(log-probs / T), T in [{MIN_SAMPLING_TEMPERATURE:g}, "
-                   f"{MAX_SAMPLING_TEMPERATURE:g}]: colder is greedy, hotter uniform (default 1 once sampling is on)")
+                   f"{MAX_SAMPLING_TEMPERATURE:g}]: colder is greedy, hotter uniform (default {SAMPLING.temperature:g} "
+                   "once sampling is on)")
     g.add_argument("--sampling-topk", type=int, metavar="K", help="sample among each step's K most likely tokens, "
-                   "an integer >= 0 (default 0: all; 1: greedy)")
+                   f"an integer >= 0 (default {SAMPLING.topk}; 0: all, 1: greedy)")
     g.add_argument("--sampling-topp", type=float, metavar="P", help="then among the fewest most likely tokens holding "
-                   "P of the probability, P in (0, 1] (nucleus sampling; default 1: all)")
+                   f"P of the probability, P in (0, 1] (nucleus sampling; default {SAMPLING.topp:g}; 1: all)")
     g.add_argument("--num-samples", type=int, metavar="N", help=f"samples drawn per row, 1 to {MAX_BEAM_SIZE} "
-                   "(default 1; each holds decoder memory as a beam does), all kept as its n-best list "
+                   f"(default {NUM_SAMPLES}; each holds decoder memory as a beam does), all kept as its n-best list "
                    "unless --nbest keeps fewer, best first; the translation is the best of them")
-    g.add_argument("--sampling-seed", type=int, default=0, help="a row's samples are a function of the seed, its "
+    g.add_argument("--sampling-seed", type=int, default=SAMPLING.seed, help="a row's samples are a function of the seed, its "
                    "source text and target language: the same however rows are batched, split into units or resumed")
 
 
@@ -173,7 +180,7 @@ def add_shortlist_flags(g) -> None:
                    "default: the lex.s2t of a "
                    "Marian model directory, when it has one (none: decode without a shortlist)")
     g.add_argument("--shortlist-m", type=int, default=SHORTLIST.top_m, help="top translations kept per source token "
-                   "(10: the fastest within 0.3 BLEU, docs/results/search.md)")
+                   f"({SHORTLIST.top_m}: the fastest within 0.3 BLEU, docs/results/search.md)")
     g.add_argument("--shortlist-n", type=int, default=SHORTLIST.top_n, help="most frequent target tokens always kept")
 
 
@@ -187,7 +194,8 @@ def add_batching_flags(g) -> None:
                         "topup (1.2x batch on WMT22's long-tailed lengths), or batch with --shortlist or "
                         "--tune-batch, which work per batch")
     g.add_argument("--refill-threshold", type=float,
-                   help="topup: refill once this share is empty (default 0.5 on the CPU, 0.05 on a GPU)")
+                   help=f"topup: refill once this share is empty (default {CPU_DEFAULTS.refill_threshold:g} on the CPU, "
+                        f"{GPU_DEFAULTS.refill_threshold:g} on a GPU)")
     g.add_argument("--capacity", type=int, default=0, help="streaming capacity (0: --max-batch-size sentences)")
     g.add_argument("--capacity-unit", choices=[x.value for x in CapacityUnit], default=SCHEDULE.capacity_unit.value,
                    help="what --capacity counts")
@@ -197,17 +205,17 @@ def add_batching_flags(g) -> None:
     g.add_argument("--static-step", type=int, metavar="N",
                    help="the one-shape decoder step, captured once as a CUDA graph on a GPU and replayed, its "
                         "results read back every N steps (0: the dynamic step). Same outputs; on the CPU it only "
-                        "costs. Default 0 on the CPU, 4 on a GPU")
+                        f"costs. Default {CPU_DEFAULTS.static_step} on the CPU, {GPU_DEFAULTS.static_step} on a GPU")
     g.add_argument("--late-readback", action="store_true",
                    help="the static step's results read one step late, once the next step is queued, so the GPU "
                         "runs it while the host frees and refills slots (same outputs; slots refill a step later). "
                         "Only with the static step (--static-step N > 0, a GPU's default)")
     g.add_argument("--unit-rows", type=int,
                    help="rows per work unit: the commit / resume grain, and the decoder sorts by length within it. "
-                        "Default: what the output's plan used when resuming; else at most 2500 on the CPU, and on a "
-                        "GPU 1/64 of the input within 2500..50000 (a GPU's slots drain at each unit's end: "
-                        "docs/results/occupancy.md); units are cut equal, at least one per decoder where the input "
-                        "has 100 rows for each")
+                        f"Default: what the output's plan used when resuming; else at most {CPU_UNIT_ROWS} on the CPU, "
+                        f"and on a GPU 1/{GPU_UNIT_SHARE} of the input within {GPU_UNIT_ROWS[0]}..{GPU_UNIT_ROWS[1]} "
+                        "(a GPU's slots drain at each unit's end: docs/results/occupancy.md); units are cut equal, at "
+                        f"least one per decoder where the input has {MIN_UNIT_ROWS} rows for each")
 
 
 def add_cluster_flags(g) -> None:
@@ -218,8 +226,9 @@ def add_cluster_flags(g) -> None:
     g.add_argument("--min-decoders", type=int, help="autoscaling pool: at least this many decoder actors")
     g.add_argument("--max-decoders", type=int, help="autoscaling pool: at most this many decoder actors")
     g.add_argument("--encoders", type=int, default=default_of(PipelineConfig, "encoders"), help="encoder (tokeniser) actors; 0: decoders tokenise")
-    g.add_argument("--cpus-per-decoder", type=float, default=0, help="CPUs reserved per decoder (0: --threads)")
-    g.add_argument("--gpus-per-decoder", type=float, default=0,
+    g.add_argument("--cpus-per-decoder", type=float, default=default_of(PipelineConfig, "cpus_per_decoder"),
+                   help="CPUs reserved per decoder (0: --threads)")
+    g.add_argument("--gpus-per-decoder", type=float, default=default_of(PipelineConfig, "gpus_per_decoder"),
                    help="GPUs reserved per decoder actor; each decodes on the GPU Ray assigns it (--device cuda)")
     g.add_argument("--progress-every", type=float, default=default_of(PipelineConfig, "progress_every_s"), help="seconds between progress lines")
 
@@ -256,7 +265,7 @@ def add_research_flags(g) -> None:
     g.add_argument("--delta", type=float, help="absolute threshold against the best candidate, finished ones included")
     g.add_argument("--early-stop", action="store_true", help="drop beams below the best finished hypothesis")
     g.add_argument("--fast", action="store_true", help="the measured fast pruning (raymt.workers.config.FAST_PRUNING: "
-                   "rp 0.6) unless heuristics are given explicitly; see docs/results/search.md")
+                   f"{FAST_PRUNING.signature()}) unless heuristics are given explicitly; see docs/results/search.md")
     g.add_argument("--epsilon", type=float, default=SCHEDULE.epsilon, help="var-stream refill threshold")
     g.add_argument("--flush-every", type=int, default=SCHEDULE.flush_every,
                    help="var-stream: expand all sentences every N steps")

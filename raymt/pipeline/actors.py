@@ -124,7 +124,8 @@ class DecoderWorker:
         self.settings = settings
         device = _device(settings.decode.runtime.device)
         loaded = load_decoder(settings.model, settings.decode, device=device, pins=settings.model_pins)
-        self.translator, self.shortlist = loaded.translator, loaded.shortlist
+        self.translator = loaded.translator
+        self.request = settings.decode.request(loaded.shortlist)  # what every unit decodes with
         logger.info("decoder on %s%s", device, f" (Ray GPU ids {_gpu_ids()})" if device.type == "cuda" else "")
         self.store = OutputStore(settings.output, plan=settings.plan, fence=settings.fence)
         self.actor = f"{socket.gethostname()}:{os.getpid()}"
@@ -194,8 +195,7 @@ class DecoderWorker:
             self.unit = {"name": unit.name, "rows": len(enc.rows), "source_tokens": enc.source_tokens,
                          "start_tokens": self.base.tokens}
         t0 = time.perf_counter()
-        decoded = tr.decode_ids(enc.pieces, self.settings.decode.search, self.shortlist, self.settings.decode.batching.schedule, stats=self.live,
-                                static=self.settings.decode.batching.static,
+        decoded = tr.decode_ids(enc.pieces, self.request, stats=self.live,
                                 forced_first=tr.forced_first(piece_targets(enc, self.settings.target_lang), len(enc.pieces)))
         hyps = decoded.hypotheses
         decode_s = time.perf_counter() - t0

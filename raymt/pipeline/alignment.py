@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from raymt.pipeline.extras import require
-from raymt.workers.shortlist import LexicalTable
+from raymt.workers.shortlist import MAX_PER_SOURCE, LexicalTable
 from raymt.workers.tokenizer import MarianTokenizer
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def _piece_ids(tok: MarianTokenizer, pieces: list[str], side: str) -> list[int]:
 
 
 def lexical_table(tok: MarianTokenizer, source: Sequence[str], target: Sequence[str], *,
-                  space: str = "subword", max_per_source: int = 500) -> LexicalTable:
+                  space: str = "subword", max_per_source: int = MAX_PER_SOURCE) -> LexicalTable:
     """P(target piece | source piece) from eflomal alignments of a bitext in ``space``."""
     if space not in SPACES:
         raise ValueError(f"space must be one of {SPACES}, got {space!r}")

@@ -17,10 +17,14 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from raymt.pipeline.loading import load_decoder
+from raymt.pipeline.storage import model_reader
+from raymt.workers.checkpoint import Reader
 from raymt.workers.config import SearchConfig
-from raymt.workers.decode_config import DEFAULTS, DecodeConfig, RuntimeConfig, ShortlistSource, batching_for
+from raymt.workers.decode_config import (DEFAULTS, DecodeConfig, DecodeRequest, RuntimeConfig, ShortlistSource,
+                                         batching_for)
 from raymt.workers.device import resolve_device
 from raymt.workers.engine import DecodeStats
+from raymt.workers.generation import effective_search, read_generation
 from raymt.workers.lang_tokenizer import per_row_languages, source_encoder
 from raymt.workers.rows import join_rows, prepare_rows
 from raymt.workers.shortlist import LanguageShortlists, Shortlist
@@ -54,12 +58,17 @@ class RowTranslation:
 
 @dataclass
 class Translator:
-    """A model loaded once (``load``) and the decoding it was loaded for (``decode``)."""
+    """A model loaded once (``load``), the decoding it was loaded for (``decode``) and the request
+    every call decodes with (``request``: ``decode.request(shortlist)``, built here once)."""
 
     core: CoreDecoder
     decode: DecodeConfig
     shortlist: Shortlist | LanguageShortlists | None = None
     stats: DecodeStats = field(default_factory=DecodeStats)  # every call's counters, added up
+    request: DecodeRequest = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.request = self.decode.request(self.shortlist)
 
     @classmethod
     def load(cls, model: str, *, device: str = "cpu", compute_type: str = "float32", threads: int = 0,
@@ -71,28 +80,27 @@ class Translator:
         ``device``: cpu | cuda | cuda:N | auto. ``compute_type``: float32 | int8 | bfloat16 | float16.
         ``threads``: torch intra-op threads (0: torch's default). ``shortlist``: a lex.s2t or .vmap
         file (``raymt build-shortlist``; M2M100 / NLLB: or a directory of ``<code>.s2t`` per target language), or a ``ShortlistSource`` to set its top_m / top_n too. ``search``: the default search of ``translate``;
-        None: the model's own (``core.model_search_config()``: an M2M100 / NLLB directory's generation
-        settings, the command line's defaults for a Marian one).
+        None: the model's own (``generation.effective_search``: an M2M100 / NLLB directory's generation
+        settings, the command line's defaults for a Marian one), read before the weights load.
         ``max_batch_tokens`` > 0: cap each decode step by source tokens instead of sentences.
         ``max_row_chars``: a longer text translates to "" with status ``too_long`` (0: no limit).
         ``split_sentences``: a text of several sentences is translated a sentence at a time and
         rejoined with its whitespace (``workers/sentences.py``); False: as one sequence."""
         on_gpu = resolve_device(device).type == "cuda"
         speedups = speedups_for(compute_type)
-        decode = DecodeConfig(search=search or DEFAULTS.search,
+        read = model_reader(model)
+        decode = DecodeConfig(search=search or effective_search(read_generation(read)),
                               batching=batching_for(on_gpu, shortlist=bool(shortlist), max_batch_tokens=max_batch_tokens,
                                                     precision=speedups.precision),
                               runtime=RuntimeConfig(device=device, threads=threads, speedups=speedups),
                               shortlist=ShortlistSource(shortlist) if isinstance(shortlist, str) else shortlist,
                               max_row_chars=max_row_chars, split_sentences=split_sentences)
-        translator = cls.from_config(model, decode)
-        if search is None:
-            translator.decode = replace(decode, search=translator.core.model_search_config())
-        return translator
+        return cls.from_config(read, decode)
 
     @classmethod
-    def from_config(cls, model: str, decode: DecodeConfig) -> Translator:
-        """A model loaded for one ``DecodeConfig`` (what the command line builds from its flags)."""
+    def from_config(cls, model: str | Reader, decode: DecodeConfig) -> Translator:
+        """A model (a path, URL or hub id, or its opened reader) loaded for one ``DecodeConfig`` (what
+        the command line builds from its flags)."""
         loaded = load_decoder(model, decode)
         return cls(loaded.translator, decode, loaded.shortlist)
 
@@ -112,7 +120,10 @@ class Translator:
                        source_lang: str | Sequence[str] | None = None, target_lang: str | Sequence[str] | None = None,
                        **search) -> list[RowTranslation]:
         """Cells (text, UTF-8 bytes or None) -> one ``RowTranslation`` each, in order."""
-        cfg = replace(self.decode.search, **search, **({"num_hypotheses": nbest} if nbest else {}))
+        request = self.request
+        if search or nbest:  # (this call's own search over the translator's)
+            call = replace(request.search, **search, **({"num_hypotheses": nbest} if nbest else {}))
+            request = replace(request, search=call)
         tok = self.core.checkpoint.tokenizer
         encode = source_encoder(tok, source_lang) if source_lang is None or isinstance(source_lang, str) \
             else _per_row_encoders(tok, source_lang, len(cells))  # (M2M100 / NLLB: the source language bound)
@@ -121,8 +132,7 @@ class Translator:
         prepared = prepare_rows(cells, encode, self.core.checkpoint.model.config.max_position_embeddings,
                                 self.decode.max_row_chars, language, self.decode.split_sentences)
         forced = None if forced is None else [forced[row] for row in prepared.piece_row]
-        hyps = self.core.decode_ids(prepared.pieces, cfg, self.shortlist, self.decode.batching.schedule,
-                                    stats=self.stats, static=self.decode.batching.static,
+        hyps = self.core.decode_ids(prepared.pieces, request, stats=self.stats,
                                     forced_first=forced).hypotheses if prepared.pieces else []
         joined = join_rows(len(cells), prepared.piece_row, hyps, tok.decode_all, prepared.piece_space)
         return [RowTranslation(joined.texts[i], joined.scores[i], prepared.statuses[i], prepared.reasons[i],

@@ -3,7 +3,8 @@
 threads, the batch size, batch tuning and the shortlist follow the same rules everywhere.
 
     decoder = load_decoder("models/demo-de-en", decode)          # decode: a DecodeConfig
-    decoder.translator.decode_ids(pieces, decode.search, decoder.shortlist, ...)
+    request = decode.request(decoder.shortlist)                  # built once, passed to every call
+    decoder.translator.decode_ids(pieces, request)
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from raymt.pipeline.storage import model_reader
+from raymt.workers.checkpoint import Reader
 from raymt.workers.decode_config import DecodeConfig
 from raymt.workers.device import resolve_device
 from raymt.workers.shortlist import AnyShortlist
@@ -26,15 +28,17 @@ class LoadedDecoder:
     shortlist: AnyShortlist | None
 
 
-def load_decoder(model: str, decode: DecodeConfig, *, device: torch.device | None = None,
+def load_decoder(model: str | Reader, decode: DecodeConfig, *, device: torch.device | None = None,
                  pins: tuple[tuple[str, str], ...] = ()) -> LoadedDecoder:
-    """``model`` (a directory, URL or hub id) loaded as ``decode`` says: ``decode.runtime``'s threads
-    (0: torch's own default), precision and device (``device`` overrides it: a Ray actor's assigned
-    GPU), ``decode.batching``'s batch size (tuned here when ``tune`` is set), ``decode.shortlist``'s
-    table. ``pins``: (file name, SHA-256) of the model files a job planned with; a file that differs
-    raises ``ModelChanged`` (``raymt.pipeline.storage.model_reader``)."""
+    """``model`` (a directory, URL or hub id, or a reader ``model_reader`` already opened) loaded as
+    ``decode`` says: ``decode.runtime``'s threads (0: torch's own default), precision and device
+    (``device`` overrides it: a Ray actor's assigned GPU), ``decode.batching``'s batch size (tuned here
+    when ``tune`` is set), ``decode.shortlist``'s table. ``pins``: (file name, SHA-256) of the model
+    files a job planned with (a path or id only); a file that differs raises ``ModelChanged``
+    (``raymt.pipeline.storage.model_reader``)."""
     rt = decode.runtime
-    translator = CoreDecoder.load(model_reader(model, pins), threads=rt.threads or None, speedups=rt.speedups,
+    reader = model_reader(model, pins) if isinstance(model, str) else model
+    translator = CoreDecoder.load(reader, threads=rt.threads or None, speedups=rt.speedups,
                                  max_batch_size=decode.batching.max_batch_size,
                                  device=device if device is not None else resolve_device(rt.device))
     if decode.batching.tune:

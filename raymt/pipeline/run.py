@@ -41,7 +41,7 @@ from raymt.pipeline.hub import ResolvedModel, hub_id, resolve_model
 from raymt.pipeline.ledger import PlanMismatch, PlanRecord, model_files, model_pins, snapshot_files
 from raymt.pipeline.model_check import check_model
 from raymt.pipeline.records import JobSummary, UnitMarker
-from raymt.pipeline.settings import PipelineConfig, PipelineResult
+from raymt.pipeline.settings import ACTOR_THREADS, PipelineConfig, PipelineResult
 from raymt.pipeline.sink import OutputStore, assemble, output_table
 from raymt.pipeline.ray_session import init_ray
 from raymt.pipeline.timeline import Progress, Snapshot, Ticker
@@ -136,7 +136,7 @@ def _expected_decoders(cfg: PipelineConfig) -> int:
 
 
 def _with_default_threads(cfg: PipelineConfig) -> PipelineConfig:
-    return replace(cfg, decoder=cfg.decoder.with_threads(cfg.decoder.decode.runtime.threads or 2))
+    return replace(cfg, decoder=cfg.decoder.with_threads(cfg.decoder.decode.runtime.threads or ACTOR_THREADS))
 
 
 def run_pipeline(cfg: PipelineConfig, finish: Callable[[OutputStore], object] | None = None) -> PipelineResult:

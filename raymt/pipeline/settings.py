@@ -14,6 +14,8 @@ from raymt.pipeline.records import UnitStats
 from raymt.pipeline.units import Columns
 from raymt.workers.decode_config import DecodeConfig
 
+ACTOR_THREADS = 2  # torch threads of a decoder actor on Ray where the decode's runtime leaves them open (0)
+
 
 @dataclass(frozen=True, slots=True)
 class PartColumns:
@@ -50,7 +52,7 @@ class DecoderSettings:
 class PipelineConfig:
     input: str
     columns: Columns
-    decoder: DecoderSettings  # threads 0: 2 per decoder actor on Ray, every core in-process
+    decoder: DecoderSettings  # threads 0: ACTOR_THREADS per decoder actor on Ray, every core in-process
     unit_rows: int | None = None  # None: the output's plan's when resuming, else ``auto_unit_rows`` (CPU 2500)
     decoders: int | tuple[int, int] = 0  # 0: as many as the cluster's CPUs (or GPUs) allow; (min, max): autoscale
     encoders: int = 1  # 0: decoder actors tokenise their units themselves

@@ -25,6 +25,9 @@ from raymt.workers.tokenizer import MarianTokenizer
 
 logger = logging.getLogger(__name__)
 
+VMAP_TOP_M = 100  # a written .vmap keeps this many translations per source piece ...
+VMAP_TOP_N = 1000  # ... and this many most frequent target pieces
+
 
 def load_table(url: str, tok: MarianTokenizer) -> LexicalTable:
     """A ``.vmap``, or a ``lex.s2t`` whose frequent targets are its ``.freq`` file's pieces; without
@@ -70,8 +73,8 @@ def language_table_urls(url: str, names: list[str], tok) -> dict[str, str]:
     return found
 
 
-def save_language_tables(url: str, tables: dict[str, LexicalTable], tok, *, top_m: int = 100,
-                         top_n: int = 1000, suffix: str = "s2t") -> list[str]:
+def save_language_tables(url: str, tables: dict[str, LexicalTable], tok, *, top_m: int = VMAP_TOP_M,
+                         top_n: int = VMAP_TOP_N, suffix: str = "s2t") -> list[str]:
     """One table per target language into directory ``url``: ``<code>.s2t`` (+ ``.freq``) or ``<code>.vmap``."""
     fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
     fs.makedirs(path, exist_ok=True)
@@ -82,7 +85,8 @@ def save_language_tables(url: str, tables: dict[str, LexicalTable], tok, *, top_
     return written
 
 
-def save_table(url: str, table: LexicalTable, tok: MarianTokenizer, *, top_m: int = 100, top_n: int = 1000) -> None:
+def save_table(url: str, table: LexicalTable, tok: MarianTokenizer, *, top_m: int = VMAP_TOP_M,
+               top_n: int = VMAP_TOP_N) -> None:
     """``.vmap`` -> CTranslate2 map (cut at top_m / top_n); otherwise lex.s2t + ``.freq``."""
     source_pieces = {i: p for p, i in tok.source_vocab.items()}
     target_pieces = {i: p for p, i in tok.target_vocab.items()}

@@ -76,7 +76,7 @@ class StreamTranslator:
     def __init__(self, settings: DecoderSettings, columns: Columns, fmt: OutputFormat) -> None:
         self.settings, self.columns, self.fmt = settings, columns, fmt
         loaded = load_decoder(settings.model, settings.decode)
-        self.translator, self.shortlist = loaded.translator, loaded.shortlist
+        self.translator, self.request = loaded.translator, settings.decode.request(loaded.shortlist)
         self.encoder = EncoderWorker(self.translator, columns, settings.source_lang, settings.target_lang,
                                      settings.decode.max_row_chars, settings.decode.split_sentences)
         if not columns.target_lang:  # (a missing or unknown language: one line, here)
@@ -88,8 +88,7 @@ class StreamTranslator:
                         offset + len(batch), offset, None)
         enc = self.encoder.encode_rows(unit, fmt.from_lines(batch, self.columns, list(range(offset, offset + len(batch)))))
         s = self.settings
-        decoded = self.translator.decode_ids(enc.pieces, s.decode.search, self.shortlist, s.decode.batching.schedule,
-                                             static=s.decode.batching.static,
+        decoded = self.translator.decode_ids(enc.pieces, self.request,
                                              forced_first=self.translator.forced_first(piece_targets(enc, s.target_lang),
                                                                                        len(enc.pieces)))
         table, _ = decoded_table(enc, decoded.hypotheses, self.translator.checkpoint.tokenizer, s.signature)

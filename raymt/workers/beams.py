@@ -9,7 +9,7 @@ the pools tensor-wide, and the pools' best entries come back with the step's one
 (``Readback``).
 
 Tensors in, state updated in place; the search math itself is ``raymt.workers.search`` (pure step
-functions) and ``raymt.workers.pruning``.
+functions) and ``raymt.workers.beam_rules`` (the pools' records and merge, pruning, the stop test).
 
 Dimension letters: B' planned slots, K beam, C = 2K candidates, N run rows, T pool token capacity.
 """
@@ -20,13 +20,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from raymt.workers.beam_rules import (LOG_PROB, NEG_INF, RECORD, SCORE, BeamRules, PoolSummary, RunningCandidates,
+                                      finished_records, keep_mask, merge_order)
 from raymt.workers.cache import KVCache
-from raymt.workers.config import PruningConfig, SearchConfig
-from raymt.workers.pruning import RunningCandidates, keep_mask
-from raymt.workers.search import NEG_INF, Candidates, GreedySelection, Hypothesis, RowTop, StepSelection
+from raymt.workers.config import PruningConfig
+from raymt.workers.search import Candidates, GreedySelection, Hypothesis, RowTop, StepSelection
+from raymt.workers.step_index import StepIndex
 
 LONG = torch.long
-SCORE, LOG_PROB, LENGTH, TOKEN = range(4)  # the fields of a pool entry's ``pool`` record
 
 
 @dataclass
@@ -43,7 +44,7 @@ class SlotState:
 
     @classmethod
     def empty(cls, slots: int, k: int, t_cap: int, pad: int, device: torch.device) -> "SlotState":
-        pool = torch.zeros(slots, k, 4, dtype=torch.float64, device=device)
+        pool = torch.zeros(slots, k, RECORD, dtype=torch.float64, device=device)
         pool[..., SCORE] = NEG_INF
         return cls(torch.full((slots, k), NEG_INF, device=device), torch.full((slots * k,), pad, dtype=LONG, device=device),
                    pool, torch.full((slots, k, t_cap), pad, dtype=LONG, device=device),
@@ -63,12 +64,9 @@ class SlotState:
         if keys is not None:
             self.keys[slots] = keys
 
-    def pool_summary(self, slots: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """What the stop test and pruning read of the planned slots' pools (B',): best raw log-prob
-        (-inf if none), worst kept normalised score (float64; -inf until full), full."""
-        pool = self.pool[slots]  # (B', K, 4)
-        worst = pool[:, -1, SCORE]
-        return pool[:, :, LOG_PROB].max(1).values, worst, torch.isfinite(worst)
+    def pool_summary(self, slots: Tensor) -> PoolSummary:
+        """What the stop test and pruning read of the planned slots' pools (B',)."""
+        return PoolSummary.of(self.pool[slots])  # (B', K, 4)
 
     def add_finished(self, slots: Tensor, cands: Candidates, sel: StepSelection, generated: Tensor, norm: Tensor,
                      history: Tensor) -> None:
@@ -82,11 +80,10 @@ class SlotState:
         k, t = self.running.shape[1], history.shape[2]
         b = cands.scores.shape[0]
         log_prob = cands.scores[:, :k].masked_fill(~sel.finished[:, :k], NEG_INF).double()  # (B', K)
-        new = torch.stack([log_prob / norm[:, None], log_prob, generated[:, None].expand(b, k).double(),
-                           cands.tokens[:, :k].double()], 2)  # (B', K, 4)
-        pool = torch.cat([self.pool[slots], new], 1)  # (B', 2K, 4)
-        order = pool[:, :, SCORE].sort(dim=1, descending=True, stable=True).indices[:, :k, None]  # (B', K, 1)
-        self.pool[slots] = pool.gather(1, order.expand(b, k, 4))
+        old = self.pool[slots]  # (B', K, 4)
+        new = finished_records(log_prob, generated, norm, cands.tokens[:, :k])  # (B', K, 4)
+        order = merge_order(old, new)[:, :, None]  # (B', K, 1)
+        self.pool[slots] = torch.cat([old, new], 1).gather(1, order.expand(b, k, RECORD))
         if t:
             tokens = torch.cat([self.pool_tokens[slots, :, :t], history], 1)  # (B', 2K, t')
             self.pool_tokens[slots, :, :t] = tokens.gather(1, order.expand(b, k, t))
@@ -102,21 +99,20 @@ class SlotState:
         if history is None:
             return
         log_prob = sel.scores.masked_fill(~sel.finished, NEG_INF).double()  # (B',)
-        self.pool[slots, 0] = torch.stack([log_prob / norm, log_prob, generated.double(), sel.tokens.double()], 1)
+        self.pool[slots, 0] = finished_records(log_prob[:, None], generated, norm, sel.tokens[:, None])[:, 0]
         if history.shape[1]:
             self.pool_tokens[slots, 0, :history.shape[1]] = history
 
-    def fused_step(self, kernel, top: RowTop, grid: Tensor | None, slots: Tensor, generated: Tensor, at_max: Tensor,
-                   norm: Tensor, cache: KVCache, t: int, search: SearchConfig, eos: int) -> Tensor:
+    def fused_step(self, kernel, top: RowTop, ix: StepIndex, norm: Tensor, cache: KVCache, rules: BeamRules,
+                   eos: int) -> Tensor:
         """The whole step after the output layer in one native call (``workers/csrc/beam_step.cpp``,
         the CPU's ``NativeOps.beam_kernel``; beam 1 too): candidates, finished pools, pruning, stop test,
         reorder, as the Python path computes them -> the packed readback (``Readback.gather``).
-        top (N, 2K) the run rows' best; norm the whole generated ** lp table (float64)."""
-        p = search.pruning
-        return kernel(top.log_probs.contiguous(), top.tokens.contiguous(), grid, slots, generated, at_max, norm,
-                      self.running, self.last, self.pool, self.pool_tokens, cache.ancestry, cache.tokens, t, eos,
-                      search.early_stopping, search.num_hypotheses, p.rp, p.ap, p.rpl, p.mc, p.delta, p.early_stop,
-                      self.pruned)
+        top (N, 2K) the run rows' best; norm the whole generated ** lp table (float64); ``rules``
+        travel as their one packed argument (``BeamRules.packed``)."""
+        return kernel(top.log_probs.contiguous(), top.tokens.contiguous(), ix.grid, ix.slots, ix.generated, ix.at_max,
+                      norm, self.running, self.last, self.pool, self.pool_tokens, cache.ancestry, cache.tokens, ix.t,
+                      eos, rules.packed, self.pruned)
 
     def prune(self, cands: Candidates, sel: StepSelection, best_finished: Tensor, pruning: PruningConfig,
               planned: Tensor | None = None) -> Tensor:
@@ -131,16 +127,6 @@ class SlotState:
         discarded = torch.isfinite(running) & ~keep  # (B', K)
         self.pruned += (discarded if planned is None else discarded & planned[:, None]).sum()
         return running.masked_fill(~keep, NEG_INF)
-
-
-def stop_mask(best: Tensor, at_max: Tensor, full: Tensor, worst: Tensor, norm: Tensor | float,
-              early_stopping: bool) -> Tensor:
-    """``is_done`` for every planned sentence at once (B',): at its cap, out of running beams, or
-    (HF's test) a full pool whose worst entry (float64) the best running beam, normalised now
-    (divided by ``norm`` = generated ** length_penalty), cannot beat. best (B',) each sentence's
-    best running score; at_max, full (B',) bool; worst (B',) float64."""
-    beaten = best.double() / norm <= worst
-    return at_max | ~torch.isfinite(best) | (full & (beaten | early_stopping))
 
 
 @dataclass(frozen=True)
@@ -178,7 +164,7 @@ class Readback:
     def hypotheses(self, j: int, nbest: int, t: int) -> list[Hypothesis]:
         """Sentence j's finished hypotheses, best first."""
         row = self.rows[j]
-        records = row[2: 2 + 4 * nbest].view(torch.float64).view(nbest, 4).tolist()
-        tokens = row[2 + 4 * nbest:].view(nbest, t).tolist()
+        records = row[2: 2 + RECORD * nbest].view(torch.float64).view(nbest, RECORD).tolist()
+        tokens = row[2 + RECORD * nbest:].view(nbest, t).tolist()
         return [Hypothesis(tuple(tokens[i][: int(length) - 1]) + (int(token),), score, log_prob)
                 for i, (score, log_prob, length, token) in enumerate(records) if score != NEG_INF]

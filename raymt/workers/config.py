@@ -106,6 +106,7 @@ MAX_SAMPLING_TEMPERATURE = 1e4
 # Marian base model (6 layers, d_model 512, 58k vocabulary) at 60 target tokens, 2 GB at this cap; it
 # covers the thousand-odd samples minimum-Bayes-risk decoding draws and large-beam studies search.
 MAX_BEAM_SIZE = 1024
+NUM_SAMPLES = 1  # samples a sentence draws when sampling is asked for without a count (``--num-samples``)
 
 
 @dataclass(frozen=True, slots=True)

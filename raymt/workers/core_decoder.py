@@ -13,10 +13,10 @@ import torch
 
 from raymt.workers.checkpoint import Checkpoint, Reader, load_checkpoint, local_reader
 from raymt.workers.config import SearchConfig
-from raymt.workers.decode_config import DEFAULTS
+from raymt.workers.decode_config import DEFAULTS, DecodeRequest
 from raymt.workers.device import batching_defaults_for
-from raymt.workers.engine import DecodeStats, Engine, StaticStep, batch_schedule
-from raymt.workers.generation import GenerationDefaults, language_code
+from raymt.workers.engine import DecodeStats, Engine, batch_schedule
+from raymt.workers.generation import GenerationDefaults, effective_search, language_code
 from raymt.workers.lang_tokenizer import per_row_languages
 from raymt.workers.model_formats import open_model
 from raymt.workers.runner import DecodeRunner, source_capacity
@@ -146,42 +146,43 @@ class CoreDecoder:
         """The search this model decodes with unless told otherwise: an M2M100 / NLLB directory's own
         (``generation_defaults``: what HF ``generate(**inputs)`` runs there, ``max_length - 1`` generated
         tokens, ``num_beams``, ``length_penalty``, ``early_stopping``), the product's defaults
-        (``DEFAULTS.search``) for a Marian one."""
-        defaults = self.generation_defaults()
-        return DEFAULTS.search if defaults is None else defaults.search(DEFAULTS.search)
+        (``DEFAULTS.search``) for a Marian one (``generation.effective_search``)."""
+        return effective_search(self.generation_defaults())
 
-    def decode_ids(self, sources: list[list[int]], cfg: SearchConfig, shortlist: AnyShortlist | None = None,
-                   batching: SchedulerConfig | None = None, *, stats: DecodeStats | None = None,
-                   static: StaticStep | None = None, forced_first: list[int] | None = None) -> Decoded:
-        """Token ids -> hypotheses (input order) and the engine's counters of this call.
+    def decode_ids(self, sources: list[list[int]], request: DecodeRequest, *, stats: DecodeStats | None = None,
+                   forced_first: list[int] | None = None) -> Decoded:
+        """Token ids -> hypotheses (input order) and the engine's counters of this call, decoded as
+        ``request`` says (``DecodeConfig.request``: search, shortlist, schedule, static step).
 
-        Without ``batching``: batch decoding, the sources sorted by length into batches of
+        Without ``request.schedule``: batch decoding, the sources sorted by length into batches of
         ``max_batch_size`` (or the tuner's size), each decoded to its end (the FIXED policy; with a
-        ``shortlist``, over its own candidate set). With ``batching``: the engine under that policy
-        over the length-sorted sources (one candidate set for the whole call); out of memory (and
-        without a shortlist), the call falls back to batches, which give the same translations.
-        ``stats``: counters to add to (read live by the actors' time slices); a fresh ``DecodeStats``
-        by default. ``static``: the engine's one-shape step (``raymt.workers.static_step.StaticStep``: a CUDA
-        graph on a GPU); batch decoding then runs its batches on one engine (without a shortlist or a
-        tuner, whose batches differ), one capture per call. ``forced_first``: per source the token its
-        translation starts with (``forced_first()``: M2M100 / NLLB target languages), rows of different
-        target languages decoded in the same batches.
+        shortlist, over its own candidate set). With a schedule: the engine under that policy over the
+        length-sorted sources (one candidate set for the whole call); out of memory (and without a
+        shortlist), the call falls back to batches, which give the same translations. ``stats``:
+        counters to add to (read live by the actors' time slices); a fresh ``DecodeStats`` by default.
+        ``request.static``: the engine's one-shape step (``raymt.workers.static_step.StaticStep``: a
+        CUDA graph on a GPU); batch decoding then runs its batches on one engine (without a shortlist
+        or a tuner, whose batches differ), one capture per call. ``forced_first``: per source the token
+        its translation starts with (``forced_first()``: M2M100 / NLLB target languages), rows of
+        different target languages decoded in the same batches.
         """
         stats = stats if stats is not None else DecodeStats()
-        if batching is None and static is not None and shortlist is None and not self.tuner and self.sort_by_length:
+        schedule = request.schedule
+        if schedule is None and request.static is not None and request.shortlist is None and not self.tuner \
+                and self.sort_by_length:
             # the same batches on one engine (FIXED: admit one, no refill until it is done), so every
             # batch runs in the one bucket whose CUDA graph the runner captured (once per runner)
-            batching = batch_schedule(self.max_batch_size)
-        if batching is not None:
+            schedule = batch_schedule(self.max_batch_size)
+        if schedule is not None:
             try:
-                return Decoded(self._stream(sources, cfg, shortlist, batching, stats, static, forced_first), stats)
+                return Decoded(self._stream(sources, request, schedule, stats, forced_first), stats)
             except (torch.OutOfMemoryError, MemoryError):
-                if shortlist is not None or len(sources) < 2:  # (a shortlist's candidate set is per call)
+                if request.shortlist is not None or len(sources) < 2:  # (a shortlist's candidate set is per call)
                     raise
                 logger.warning("out of memory streaming %d sentences in %d slots: decoding them in batches instead "
                                "(the same translations; a batch that runs out too is split)", len(sources),
-                               batching.max_batch_sentences)
-                static = None  # (the dynamic step: only the rows that run take memory)
+                               schedule.max_batch_sentences)
+                request = replace(request, static=None)  # (the dynamic step: only the rows that run take memory)
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         out: list[list[Hypothesis]] = [[] for _ in sources]
         start = 0
@@ -190,7 +191,7 @@ class CoreDecoder:
             idx = order[start: start + size]
             tokens, t0 = stats.target_tokens, time.perf_counter()
             forced = None if forced_first is None else [forced_first[i] for i in idx]
-            for i, hyps in zip(idx, self._decode_batch([sources[i] for i in idx], cfg, shortlist, stats, static, forced)):
+            for i, hyps in zip(idx, self._decode_batch([sources[i] for i in idx], request, stats, forced)):
                 out[i] = hyps
             if self.tuner:
                 self.tuner.record(len(idx), stats.target_tokens - tokens, time.perf_counter() - t0)
@@ -209,12 +210,11 @@ class CoreDecoder:
                 max_source=mc.max_position_embeddings))
         return self.tuner
 
-    def _decode_batch(self, sources: list[list[int]], cfg: SearchConfig, shortlist: AnyShortlist | None,
-                      stats: DecodeStats, static: StaticStep | None = None,
+    def _decode_batch(self, sources: list[list[int]], request: DecodeRequest, stats: DecodeStats,
                       forced: list[int] | None = None) -> list[list[Hypothesis]]:
         """One batch; out of memory, it is split in halves and retried (and the tuner's cap lowered)."""
         try:
-            return self._search(sources, cfg, shortlist, stats, static, forced)
+            return self._search(sources, request, stats, forced)
         except (torch.OutOfMemoryError, MemoryError):
             if len(sources) == 1:
                 raise
@@ -223,8 +223,8 @@ class CoreDecoder:
                 self.tuner.out_of_memory(len(sources))
             half = len(sources) // 2
             first, second = (None, None) if forced is None else (forced[:half], forced[half:])
-            return (self._decode_batch(sources[:half], cfg, shortlist, stats, static, first)
-                    + self._decode_batch(sources[half:], cfg, shortlist, stats, static, second))
+            return (self._decode_batch(sources[:half], request, stats, first)
+                    + self._decode_batch(sources[half:], request, stats, second))
 
     @property
     def runner(self) -> DecodeRunner:
@@ -240,17 +240,17 @@ class CoreDecoder:
             self._runner.close()
             self._runner = None
 
-    def _engine(self, cfg: SearchConfig, shortlist: AnyShortlist | None, sources: list[list[int]],
-                batching: SchedulerConfig, stats: DecodeStats, static: StaticStep | None = None,
-                forced: list[int] | None = None) -> Engine:
-        """``shortlist``: a ``Shortlist``, or ``LanguageShortlists`` picked by the rows' ``forced`` languages."""
+    def _engine(self, request: DecodeRequest, sources: list[list[int]], schedule: SchedulerConfig,
+                stats: DecodeStats, forced: list[int] | None = None) -> Engine:
+        """``request.shortlist``: a ``Shortlist``, or ``LanguageShortlists`` picked by the rows' ``forced``
+        languages."""
         model = self.checkpoint.model
-        candidates = batch_candidates(shortlist, sources, forced)
+        candidates = batch_candidates(request.shortlist, sources, forced)
         candidates = None if candidates is None else candidates.to(model.device)
         if model.device.type == "cuda":
-            batching = self._fit_to_memory(batching, sources, cfg, candidates)
-        return Engine(model, cfg, batching, forced_eos=self.forced_eos, candidates=candidates, stats=stats,
-                      static=static, runner=self.runner)
+            schedule = self._fit_to_memory(schedule, sources, request.search, candidates)
+        return Engine(model, request.search, schedule, forced_eos=self.forced_eos, candidates=candidates, stats=stats,
+                      static=request.static, runner=self.runner)
 
     def _fit_to_memory(self, batching: SchedulerConfig, sources: list[list[int]], cfg: SearchConfig,
                        candidates: torch.Tensor | None) -> SchedulerConfig:
@@ -278,20 +278,17 @@ class CoreDecoder:
         return replace(batching, max_batch_sentences=slots,
                        capacity=min(batching.capacity, slots) if sentences else batching.capacity)
 
-    def _search(self, sources: list[list[int]], cfg: SearchConfig, shortlist: AnyShortlist | None,
-                stats: DecodeStats, static: StaticStep | None = None,
+    def _search(self, sources: list[list[int]], request: DecodeRequest, stats: DecodeStats,
                 forced: list[int] | None = None) -> list[list[Hypothesis]]:
         """One length-sorted batch, decoded to its end: the FIXED policy over exactly these sentences."""
-        return self._engine(cfg, shortlist, sources, batch_schedule(len(sources)), stats,
-                            static, forced).decode(sources, forced)
+        return self._engine(request, sources, batch_schedule(len(sources)), stats, forced).decode(sources, forced)
 
-    def _stream(self, sources: list[list[int]], cfg: SearchConfig, shortlist: AnyShortlist | None,
-                batching: SchedulerConfig, stats: DecodeStats, static: StaticStep | None = None,
-                forced_first: list[int] | None = None) -> list[list[Hypothesis]]:
+    def _stream(self, sources: list[list[int]], request: DecodeRequest, schedule: SchedulerConfig,
+                stats: DecodeStats, forced_first: list[int] | None = None) -> list[list[Hypothesis]]:
         order = sorted(range(len(sources)), key=lambda i: len(sources[i])) if self.sort_by_length else list(range(len(sources)))
         forced = None if forced_first is None else [forced_first[i] for i in order]
         ordered = [sources[i] for i in order]
-        hyps = self._engine(cfg, shortlist, ordered, batching, stats, static, forced).decode(ordered, forced)
+        hyps = self._engine(request, ordered, schedule, stats, forced).decode(ordered, forced)
         out: list[list[Hypothesis]] = [[] for _ in sources]
         for i, h in zip(order, hyps):
             out[i] = h
@@ -322,8 +319,9 @@ class CoreDecoder:
                   batching: SchedulerConfig | None = None, *, stats: DecodeStats | None = None,
                   source_lang: str | list[str] | None = None,
                   target_lang: str | list[str] | None = None) -> list[Translation]:
-        """Texts -> translations (input order); ``cfg`` None: the model's defaults (``model_search_config``,
-        as the command line's); ``stats``: counters to add this call's to. ``source_lang`` /
+        """Texts -> translations (input order), decoded with ``cfg`` (None: the model's defaults,
+        ``model_search_config``, as the command line's), ``shortlist`` and ``batching`` (the streaming
+        schedule; None: batches) as one ``DecodeRequest``; ``stats``: counters to add this call's to. ``source_lang`` /
         ``target_lang``: an M2M100 / NLLB model's languages (required there, refused on a Marian model),
         one code for all texts or one per text; texts of different target languages share batches
         (``forced_first``)."""
@@ -335,7 +333,8 @@ class CoreDecoder:
         if self.checkpoint.multilingual:
             source_lang = [sources[i] for i in nonempty]
         forced = None if forced is None else [forced[i] for i in nonempty]
-        hyps = self.decode_ids(self.encode([texts[i] for i in nonempty], source_lang), cfg, shortlist, batching,
+        request = DecodeRequest(cfg, shortlist, batching)
+        hyps = self.decode_ids(self.encode([texts[i] for i in nonempty], source_lang), request,
                                stats=stats, forced_first=forced).hypotheses
         out = [Translation("", 0.0, (("", 0.0),), ()) for _ in texts]
         for i, h in zip(nonempty, hyps):

@@ -1,17 +1,27 @@
 """One decode configuration, ``DecodeConfig`` (search, batching, runtime, shortlist, the row
-limit), and the one table of its defaults, ``DEFAULTS``.
+limit), the one table of its defaults, ``DEFAULTS``, and what one decode call takes, ``DecodeRequest``.
+
+Load-time settings (the model's runtime, the batch size, the shortlist's file) are read where the
+decoder is loaded (``raymt.pipeline.loading.load_decoder``); the per-call ones travel whole as one
+``DecodeRequest`` (``DecodeConfig.request``: the search, the loaded shortlist, the streaming
+schedule, the static step) to ``CoreDecoder.decode_ids``, as CTranslate2 passes its
+``TranslationOptions`` to ``translate_batch``. ``DecodeConfig.signature`` is the line printed beside
+every output (and compared when a job resumes).
 
 The command line (``raymt.jobs.translate``: every flag's default is read from here), the Python API
 (``Translator.load`` / ``Translator.translate``) and the jobs build their decoding from this table,
 so the same text translates the same whichever way it comes in; an M2M100 / NLLB directory's own
-generation settings (``generation_config.json``: ``workers/generation.py``) replace the search
-defaults for that model, in all three alike. Defaults that depend on the device
-the decoders decode on (batch size, static step, refill threshold) are ``workers/device.py``'s
-``CPU_DEFAULTS`` / ``GPU_DEFAULTS``; the table holds the CPU's.
+generation settings (``generation_config.json``) replace the search defaults for that model, in all
+three alike, through one merge (``workers/generation.py``: ``effective_search``). Defaults that
+depend on the device the decoders decode on (batch size, static step, refill threshold) are
+``workers/device.py``'s ``CPU_DEFAULTS`` / ``GPU_DEFAULTS``, read by ``batching_for`` (and by
+``CoreDecoder.load`` for a batch size not given); the table holds the CPU's.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from raymt.workers.config import SearchConfig
 from raymt.workers.device import CPU_DEFAULTS, batching_defaults_for
@@ -19,6 +29,9 @@ from raymt.workers.inputs import MAX_ROW_CHARS
 from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig
 from raymt.workers.speedups import EXACT, CpuSpeedups, precision_refusal
 from raymt.workers.static_step import StaticStep
+
+if TYPE_CHECKING:
+    from raymt.workers.shortlist import AnyShortlist
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +111,38 @@ class DecodeConfig:
         if self.max_row_chars < 0:
             raise ValueError(f"max_row_chars must be >= 0 (0: no limit), got {self.max_row_chars}")
 
+    def request(self, shortlist: AnyShortlist | None = None) -> DecodeRequest:
+        """What each decode call takes, built once per job or translator: the search, ``shortlist``
+        (``self.shortlist``'s table as loaded, or None), the schedule and the static step."""
+        return DecodeRequest(self.search, shortlist, self.batching.schedule, self.batching.static)
+
+    def signature(self, model: str, *, source_lang: str | None = None, target_lang: str | None = None) -> str:
+        """What decodes, in a line printed beside every output and part of a job's plan: ``model``
+        named as one path however it is spelled (``./m/`` and ``m`` are the same model), the search,
+        the batching mode, the shortlist, a precision other than float32, the languages, a row limit
+        other than the default (which rows are decoded at all) and the sentence splitting."""
+        name = model.rstrip("/") if "://" in model else os.path.normpath(model)
+        precision = self.runtime.speedups.precision  # (what the decoders run: int8 off the CPU is refused first)
+        return f"model:{name}|{self.search.signature()}|batching:{self.batching.mode}" + (
+            f"|{self.shortlist.signature()}" if self.shortlist else "") + (
+            "" if precision == "float32" else f"|{precision}") + (
+            f"|langs:{source_lang}>{target_lang}" if source_lang or target_lang else "") + (
+            f"|max-row-chars:{self.max_row_chars}" if self.max_row_chars != MAX_ROW_CHARS else "") + (
+            "|sentences" if self.split_sentences else "")
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRequest:
+    """What one ``CoreDecoder.decode_ids`` call decodes with, passed whole: the search, the loaded
+    shortlist (a ``Shortlist``, ``LanguageShortlists`` or None), the streaming schedule (None:
+    length-sorted batches of the decoder's batch size) and the one-shape step (None: the dynamic
+    step)."""
+
+    search: SearchConfig
+    shortlist: AnyShortlist | None = None
+    schedule: SchedulerConfig | None = None
+    static: StaticStep | None = None
+
 
 # The one table of defaults. The command line's streaming knobs (policy, epsilon, capacity unit,
 # flush) default to SCHEDULE's fields; ``--batching auto`` picks top-up, or batches with a
@@ -111,9 +156,10 @@ SHORTLIST = ShortlistSource(path="")
 
 def batching_for(on_gpu: bool, *, shortlist: bool = False, max_batch_tokens: int = 0,
                  precision: str = "float32") -> BatchingConfig:
-    """The command line's batching (``--batching auto``) on a device, for callers without flags (the
-    Python API, the Ray Data operator): top-up streaming with the device's batch size and refill
-    threshold, or batches with a shortlist (its candidate set is per batch); a GPU's one-shape step.
+    """The batching of a device where nothing is given (``--batching auto``): top-up streaming with the
+    device's batch size and refill threshold, or batches with a shortlist (its candidate set is per
+    batch); a GPU's one-shape step. The Python API and the Ray Data operator decode with it, the
+    command line applies its batching flags over it (``jobs/translate.py``: ``batching_config``).
     ``max_batch_tokens`` > 0 caps each step's source tokens instead of its sentences."""
     d = batching_defaults_for(on_gpu, precision)
     schedule = None

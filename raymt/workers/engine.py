@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
+from raymt.workers.beam_rules import BeamRules
 from raymt.workers.beams import Readback
 from raymt.workers.cache import EncodedBatch
 from raymt.workers.config import SearchConfig
@@ -182,7 +183,8 @@ class Engine:
         self._graph, self._head = self.runner.graph(slots, (self.search, self.forced_eos, forcing), head) \
             if self.static else (None, head)
         self._search_step = choose_step(self.model, self.search, bool(self.static))
-        self._context = StepContext(self.model, self.search, self.state, self.cache, self._head, self._norm, self._beams)
+        self._context = StepContext(self.model, self.search, BeamRules.of(self.search), self.state, self.cache,
+                                    self._head, self._norm, self._beams)
         self._scheduler = Scheduler(schedule, self.stats.scheduler, beam_size=k)
         firsts = forced_first if forcing else [-1] * len(sources)
         requests = {i: Request(i, len(src), max_length=caps[i], forced_first=firsts[i]) for i, src in enumerate(sources)}

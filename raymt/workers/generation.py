@@ -1,6 +1,9 @@
 """An M2M100 / NLLB directory's own generation defaults: its ``generation_config.json`` (else the
 generation keys of ``config.json``, as HF ``from_pretrained`` reads them), as the search they ask for.
 
+``effective_search(model, **given)`` is the one merge of the product's search defaults, a model's
+generation settings and a caller's own (as transformers' ``_prepare_generation_config``); the command
+line, the Python API and ``CoreDecoder`` all decode with what it returns.
 ``GenerationDefaults.search(base)`` is what HF ``model.generate(**inputs)`` runs with no arguments on
 that directory: ``num_beams``, the length cap (``max_new_tokens``, else ``max_length - 1``: HF counts the
 start token), ``early_stopping``, ``length_penalty``; the command line, the Python API and the Ray Data
@@ -24,6 +27,7 @@ from typing import Callable
 
 from raymt.workers import m2m100
 from raymt.workers.config import MAX_BEAM_SIZE, ModelConfig, SearchConfig
+from raymt.workers.decode_config import DEFAULTS
 
 Reader = Callable[[str], "bytes | None"]
 
@@ -86,6 +90,15 @@ class GenerationDefaults:
             cap = self.max_new_tokens
             fields.update(max_decoding_length=cap, max_length_a=0.0, max_length_b=cap)
         return replace(base, **fields)
+
+
+def effective_search(model: GenerationDefaults | None, **given) -> SearchConfig:
+    """The search a decode runs: the product's defaults (``decode_config.DEFAULTS.search``), a model's
+    own generation settings over them (``model``: an M2M100 / NLLB directory's; None: a Marian one,
+    which keeps the product's), then the caller's ``given`` ``SearchConfig`` fields over those, field
+    by field (a field given as None is left to the model; an invalid mix raises ``ValueError``)."""
+    base = DEFAULTS.search if model is None else model.search(DEFAULTS.search)
+    return replace(base, **{name: value for name, value in given.items() if value is not None})
 
 
 def _value(settings: dict, key: str, default):

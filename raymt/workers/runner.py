@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from raymt.workers.beam_rules import length_norms
 from raymt.workers.beams import SlotState
 from raymt.workers.cache import KVCache
 from raymt.workers.graphs import CapturedStep, GraphedStep, HostToDevice, Staging, release_cached
@@ -244,12 +245,11 @@ class DecodeRunner:
 
     # ------------------------------------------------------------------ per-call tables
     def norm(self, length_penalty: float, length: int) -> Tensor:
-        """(>= length,) float64 ``n ** length_penalty`` (1 at 0): one tensor, reused while it is long enough."""
+        """(>= length,) float64 ``n ** length_penalty`` (1 at 0; ``beam_rules.length_norms``): one
+        tensor, reused while it is long enough."""
         if self._norm is None or self._norm[0] != length_penalty or self._norm[1].shape[0] < length:
             size = max(length, self.cache.max_length + 2 if self.cache is not None else 0)
-            table = torch.tensor([float(n) ** length_penalty if n else 1.0 for n in range(size)],
-                                 dtype=torch.float64, device=self.device)
-            self._norm = (length_penalty, table)
+            self._norm = (length_penalty, length_norms(length_penalty, size, self.device))
             self.generation += 1
         return self._norm[1]
 

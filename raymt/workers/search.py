@@ -1,17 +1,17 @@
-"""Pure beam-search step functions. No model, no IO, inputs never mutated.
+"""Pure beam-search step functions: each row's best tokens, a sentence's candidates, their split
+into running and finishing. No model, no IO, inputs never mutated.
 
-The exact search follows HF ``generate`` (transformers >= 4.50 beam search), so our outputs can be
-checked token for token against it:
+The step follows HF ``generate`` (transformers >= 4.50 beam search), so our outputs can be checked
+token for token against it:
 
 * every step takes the top ``2K`` continuations over all ``K x V`` (so EOS cannot starve the beam);
 * a candidate that ends (EOS, or reaching the length cap) becomes a finished hypothesis only if it
   ranks among the first ``K``; the best ``K`` non-ending candidates stay running;
-* finished scores are ``sum_logprob / generated_length ** length_penalty`` (EOS counted);
 * a sentence's first token may be forced (HF's ``forced_bos_token_id``, per row here: an M2M100 /
-  NLLB target language): log-prob 0, nothing else possible, and counted in the length as HF counts it;
-* a sentence is done when it holds ``K`` finished hypotheses and its best running beam, normalised
-  at the current length, cannot beat the worst of them (HF's heuristic, ``early_stopping=False``),
-  or, with ``early_stopping=True``, as soon as it holds ``K``.
+  NLLB target language): log-prob 0, nothing else possible, and counted in the length as HF counts it.
+
+What happens to the finishers and the running beams after that (length normalisation, the finished
+pools, pruning, the stop test) is ``workers/beam_rules.py``.
 
 Dimension letters: B sentences, K beam, V vocab, C = 2K candidates.
 """
@@ -22,9 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from raymt.workers.beam_rules import NEG_INF
 from raymt.workers.step_ops import ATEN, AtenOps
-
-NEG_INF = float("-inf")
 
 
 @dataclass(frozen=True)
@@ -168,7 +167,7 @@ def greedy_select(top: RowTop, running: Tensor, at_max: Tensor, eos_id: int) -> 
     """Beam 1: each sentence's best token (``top`` (B, M), M >= 1, one row per sentence) continues
     or ends it. running (B,) cumulative log-probs; at_max (B,) sentences at their length cap.
 
-    Equal to ``select_step`` + the pools + ``stop_mask`` at K = 1 (tested): a finished best
+    Equal to ``select_step`` + the pools + ``beam_rules.stop_mask`` at K = 1 (tested): a finished best
     candidate fills the one-entry pool, and the best running one, normalised at the same length
     and never larger, cannot beat it, so HF's stop test ends the sentence: greedy decoding."""
     scores, tokens = top.log_probs[:, 0] + running, top.tokens[:, 0]  # (B,)

@@ -9,11 +9,11 @@ state on the device (the running scores, the finished pools, the last tokens, th
 ancestry) and returns what the host reads back (``Readback.gather``), reading nothing back itself.
 
 One reference, ``reference_step``, holds HF ``generate``'s beam-search semantics once
-(``workers/search.py``: candidates, the finished set, length normalisation, the stop test;
-``workers/pruning.py``: pruning); its candidates come from a *proposal*: the top 2K over the
-sentence's rows (``score_step``, beam search) or one draw per lane (``sample_candidates``,
-sampling). The other steps are faster forms of the same outcome, each checked against the reference
-by one parametrised test (``tests/workers/test_search_step.py``):
+(``workers/search.py``: candidates and the finishing set; ``workers/beam_rules.py``: the finished
+pools, length normalisation, pruning, the stop test); its candidates come from a *proposal*: the
+top 2K over the sentence's rows (``score_step``, beam search) or one draw per lane
+(``sample_candidates``, sampling). The other steps are faster forms of the same outcome, each
+checked against the reference by one parametrised test (``tests/workers/test_search_step.py``):
 
 * ``native_step``: the CPU's whole step after the output layer in one native call
   (``workers/csrc/beam_step.cpp``), fed by the fused output layer (product, log-softmax, top-k);
@@ -34,7 +34,8 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
-from raymt.workers.beams import Readback, SlotState, stop_mask
+from raymt.workers.beam_rules import BeamRules, stop_mask
+from raymt.workers.beams import Readback, SlotState
 from raymt.workers.cache import KVCache
 from raymt.workers.config import SearchConfig
 from raymt.workers.sampling import sample_candidates
@@ -46,12 +47,14 @@ from raymt.workers.step_ops import ATEN
 
 @dataclass(frozen=True)
 class StepContext:
-    """One decode call's search side: the model (its config, ops and output layer), the search, the
-    slots' beam state and cache (the runner's), the call's output head, ``norm`` the generated **
-    length_penalty table (float64), ``beams`` (K,) 0..K-1."""
+    """One decode call's search side: the model (its config, ops and output layer), the search and
+    its beam rules (``BeamRules.of(search)``), the slots' beam state and cache (the runner's), the
+    call's output head, ``norm`` the generated ** length_penalty table (float64, ``length_norms``),
+    ``beams`` (K,) 0..K-1."""
 
     model: object
     search: SearchConfig
+    rules: BeamRules
     state: SlotState
     cache: KVCache
     head: object
@@ -117,11 +120,11 @@ def reference_step(ctx: StepContext, hidden: Tensor, ix: StepIndex) -> Tensor:
     norm = ctx.norm[ix.generated]  # (B',)
     if ctx.model.ops.may_any(sel.finished):  # (on the CPU: skipped when no candidate finished)
         st.add_finished(slots, cands, sel, ix.generated, norm, candidate_history(ctx, slots, cands, t))
-    best, worst, full = st.pool_summary(slots)
-    running = st.prune(cands, sel, best, ctx.search.pruning, planned)
+    pool = st.pool_summary(slots)
+    running = st.prune(cands, sel, pool.best_log_prob, ctx.rules.pruning, planned)
     running, order = running.sort(dim=1, descending=True, stable=True)  # live beams first
     chosen = sel.running.gather(1, order)  # (B', K) candidate index of each new beam
-    done = stop_mask(running[:, 0], ix.at_max, full, worst, norm, ctx.search.early_stopping)
+    done = stop_mask(running[:, 0], ix.at_max, pool, norm, ctx.rules.early_stopping)
     with record_function("cache reorder"):  # ancestry columns only: K/V never move
         base = slots[:, None] * k  # (B', 1)
         dst = base + ctx.beams  # (B', K)
@@ -136,7 +139,7 @@ def reference_step(ctx: StepContext, hidden: Tensor, ix: StepIndex) -> Tensor:
             ctx.cache.reorder(source.view(-1), dst.view(-1), t)
         st.last[dst.view(-1)] = new_last.view(-1)
         st.running[slots] = running
-    return Readback.gather(st, slots, done, torch.isfinite(running).sum(1), ctx.search.num_hypotheses, t - 1,
+    return Readback.gather(st, slots, done, torch.isfinite(running).sum(1), ctx.rules.num_hypotheses, t - 1,
                            results=ctx.model.ops.may_any(done))
 
 
@@ -146,8 +149,7 @@ def native_step(ctx: StepContext, hidden: Tensor, ix: StepIndex) -> Tensor:
     k, mc = ctx.search.beam_size, ctx.model.config
     lp, columns = ctx.model.row_top(hidden, ctx.head, 2 * k)  # (N, 2K)
     top = finish_row_top(lp, columns, ctx.head.ids, ix.force, mc.eos_token_id, ix.forced)
-    return ctx.state.fused_step(ctx.model.ops.beam_kernel, top, ix.grid, ix.slots, ix.generated, ix.at_max,
-                                ctx.norm, ctx.cache, ix.t, ctx.search, mc.eos_token_id)
+    return ctx.state.fused_step(ctx.model.ops.beam_kernel, top, ix, ctx.norm, ctx.cache, ctx.rules, mc.eos_token_id)
 
 
 def greedy_step(ctx: StepContext, hidden: Tensor, ix: StepIndex) -> Tensor:

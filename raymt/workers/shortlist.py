@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+MAX_PER_SOURCE = 500  # translations a table built here keeps per source piece, most likely first
+
 
 @dataclass(frozen=True)
 class LexicalTable:
@@ -31,7 +33,7 @@ class LexicalTable:
 
     @classmethod
     def from_counts(cls, pair_counts: dict[tuple[int, int], float], target_counts: dict[int, float],
-                    *, max_per_source: int = 500) -> "LexicalTable":
+                    *, max_per_source: int = MAX_PER_SOURCE) -> "LexicalTable":
         """Maximum-likelihood P(t | s) from aligned (source, target) counts."""
         per_source: dict[int, dict[int, float]] = {}
         for (s, t), c in pair_counts.items():

@@ -72,11 +72,11 @@ def test_fast_preset_is_the_measured_pruning_unless_heuristics_are_given():
 
 
 def test_batching_auto_is_topup_unless_batches_decide_the_output():
-    from raymt.jobs.translate import build_parser, decode_config, scheduler_config, signature
+    from raymt.jobs.translate import build_parser, decode_config, scheduler_config
     from raymt.workers.scheduler import Policy
     base = ["--model", "m", "--input", "i", "--output", "o"]
     auto = build_parser().parse_args(base)
-    assert scheduler_config(auto).policy is Policy.TOPUP and "|batching:topup" in signature(auto, decode_config(auto))
+    assert scheduler_config(auto).policy is Policy.TOPUP and "|batching:topup" in decode_config(auto).signature("m")
     for extra in (["--shortlist", "lex.s2t"], ["--tune-batch"], ["--batching", "batch"]):
         assert scheduler_config(build_parser().parse_args([*base, *extra])) is None  # length-sorted batches
     assert scheduler_config(build_parser().parse_args([*base, "--batching", "fifo", "--tune-batch"])).policy is Policy.FIFO
@@ -234,11 +234,11 @@ def test_a_progress_line_comes_while_a_unit_is_read_and_tokenised(demo_model_dir
 
 
 def test_one_model_spelled_two_ways_has_one_signature_and_bad_options_are_usage_errors(capsys):
-    from raymt.jobs.translate import build_parser, decode_config, signature
+    from raymt.jobs.translate import build_parser, decode_config
 
     def sig(model: str) -> str:
         args = build_parser().parse_args(["--model", model, "--input", "i", "--output", "o"])
-        return signature(args, decode_config(args)).split("|")[0]
+        return decode_config(args).signature(args.model).split("|")[0]
     assert sig("models/demo-de-en") == sig("./models/demo-de-en/") == "model:models/demo-de-en"
     assert sig("s3://b/m/") == "model:s3://b/m"
     with pytest.raises(SystemExit) as e:
@@ -294,14 +294,14 @@ def test_int8_on_a_gpu_is_refused_in_one_line_before_any_work(demo_model_dir, tm
 def test_the_signature_names_the_precision_the_decoders_run():
     import dataclasses
 
-    from raymt.jobs.translate import build_parser, decode_config, signature
+    from raymt.jobs.translate import build_parser, decode_config
 
     def sig(*flags: str, runtime: dict | None = None) -> str:
         args = build_parser().parse_args(["--model", "m", "--input", "i", "--output", "o", *flags])
         decode = decode_config(args)
         if runtime is not None:
             decode = dataclasses.replace(decode, runtime=dataclasses.replace(decode.runtime, **runtime))
-        return signature(args, decode)
+        return decode.signature(args.model)
 
     assert "|int8" in sig("--int8") and "|bf16" in sig("--bf16", "--device", "cuda") and "|fp16" in sig("--fp16")
     assert not {"|int8", "|bf16", "|fp16"} & set(sig().split("|"))

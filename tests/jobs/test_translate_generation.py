@@ -10,7 +10,7 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 
-from raymt.jobs.translate import build_parser, main, model_search
+from raymt.jobs.translate import build_parser, decode_config, main, model_generation
 from raymt.workers.decode_config import DEFAULTS
 from raymt.workers.core_decoder import CoreDecoder
 
@@ -91,4 +91,5 @@ def test_the_settings_target_language_is_the_default_and_refusals_are_one_line(e
 
 def test_a_marian_directory_keeps_the_product_search(demo_model_dir):
     args = build_parser().parse_args(["--model", str(demo_model_dir), "--input", "i", "--output", "o"])
-    assert model_search(args) == DEFAULTS.search and args.target_lang is None
+    generation = model_generation(args)
+    assert generation is None and args.target_lang is None and decode_config(args, generation).search == DEFAULTS.search

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from raymt.workers.config import SearchConfig
 from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decode_config import DecodeRequest
 from raymt.workers.engine import DecodeStats, Engine, batch_schedule
 from raymt.workers.runner import DecodeRunner
 from raymt.workers.scheduler import SchedulerConfig
@@ -38,4 +39,4 @@ def translate_ids(decoder: CoreDecoder, sources: list[list[int]], cfg: SearchCon
                   shortlist: AnyShortlist | None = None,
                   batching: SchedulerConfig | None = None) -> list[list[Hypothesis]]:
     """``decoder.decode_ids``' hypotheses alone."""
-    return decoder.decode_ids(sources, cfg, shortlist, batching).hypotheses
+    return decoder.decode_ids(sources, DecodeRequest(cfg, shortlist, batching)).hypotheses

@@ -1,5 +1,5 @@
 """A stub decoder that reads scripted probability tables, for the engine's exact tests
-(test_engine.py, test_pruning.py, test_beam_step.py).
+(test_engine.py, test_beam_rules.py, test_beam_step.py).
 
 The stub (fairseq's test-helper idea) returns, for every decoder row, the log of a scripted
 distribution keyed by (sentence, generated prefix), so the tests can assert exact tokens and scores.

@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from raymt.workers.config import PruningConfig, SamplingConfig, SearchConfig
+from raymt.workers.decode_config import DecodeRequest
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.shortlist import LexicalTable, Shortlist
 from raymt.workers.step_ops import ATEN
@@ -79,15 +80,15 @@ def test_batch_decoding_with_the_static_step_runs_its_batches_on_one_engine(tran
 
     sources = translator.encode(TEXTS[:2] + TEXTS[3:] + ["Ein Mann fährt Fahrrad.", "Kinder spielen."])
     cfg = SearchConfig(beam_size=3, num_hypotheses=2)
-    expected = translator.decode_ids(sources, cfg).hypotheses
+    expected = translator.decode_ids(sources, DecodeRequest(cfg)).hypotheses
     built = []
     make = translator._engine
     monkeypatch.setattr(translator, "_engine", lambda *a, **k: built.append(1) or make(*a, **k))
-    got = translator.decode_ids(sources, cfg, static=StaticStep(readback_every=2)).hypotheses
+    got = translator.decode_ids(sources, DecodeRequest(cfg, static=StaticStep(readback_every=2))).hypotheses
     assert [[h.tokens for h in x] for x in got] == [[h.tokens for h in x] for x in expected]
     assert [h.score for x in got for h in x] == pytest.approx([h.score for x in expected for h in x], abs=1e-5)
     assert len(built) == 1  # (the static step attends over the full capacity: equal scores to ~1e-7)
-    translator.decode_ids(sources, cfg)
+    translator.decode_ids(sources, DecodeRequest(cfg))
     assert len(built) == 4  # (without it: one engine per batch)
 
 

@@ -11,6 +11,7 @@ import torch
 
 from tests.conftest import shared_path
 from raymt.workers.config import SearchConfig
+from raymt.workers.decode_config import DecodeRequest
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.speedups import CpuSpeedups
 from raymt.workers.step_ops import ATEN
@@ -60,7 +61,7 @@ def test_half_precision_bleu_within_half_a_point_of_float32(cpu, demo_model_dir,
 
 def test_one_readback_per_step_on_cuda(cuda):
     src, _ = lines(64)
-    stats = cuda.decode_ids(cuda.encode(src), SearchConfig(beam_size=5)).stats
+    stats = cuda.decode_ids(cuda.encode(src), DecodeRequest(SearchConfig(beam_size=5))).stats
     assert stats.syncs == stats.steps  # pruning off: exactly the step's one readback
 
 
@@ -103,12 +104,12 @@ def test_the_static_step_on_cuda_decodes_as_the_dynamic_one(cuda, demo_model_dir
     src, _ = lines(96)
     sources, cfg = cuda.encode(src), SearchConfig(beam_size=5)
     sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=32, capacity=32)
-    dynamic = [h[0].tokens for h in cuda.decode_ids(sources, cfg, batching=sched).hypotheses]
+    dynamic = [h[0].tokens for h in cuda.decode_ids(sources, DecodeRequest(cfg, schedule=sched)).hypotheses]
     for every, late in ((1, False), (4, False), (4, True)):  # (late: read back through pinned memory, a step on)
         static = StaticStep(readback_every=every, late=late)
         with monkeypatch.context() as m:
             m.setattr(torch.cuda.CUDAGraph, "replay", counted)
-            decoded = cuda.decode_ids(sources, cfg, batching=sched, static=static)
+            decoded = cuda.decode_ids(sources, DecodeRequest(cfg, schedule=sched, static=static))
         replayed = [h[0].tokens for h in decoded.hypotheses]
         assert replays[0] > 0, "the static step was never replayed from a graph"
         replays[0] = 0
@@ -121,8 +122,8 @@ def test_the_static_step_on_cuda_decodes_as_the_dynamic_one(cuda, demo_model_dir
                 if hasattr(module, "GraphedStep"):
                     m.setattr(module, "GraphedStep", Eager)
             eager_translator = CoreDecoder.load(str(demo_model_dir), device="cuda")
-            eager = [h[0].tokens for h in eager_translator.decode_ids(sources, cfg, batching=sched,
-                                                                      static=static).hypotheses]
+            eager = [h[0].tokens for h in eager_translator.decode_ids(sources, DecodeRequest(cfg, schedule=sched,
+                                                                                          static=static)).hypotheses]
         assert replays[0] == 0 and eager == replayed  # replay = eager, token for token
         assert sum(a == b for a, b in zip(replayed, dynamic)) >= 0.97 * len(src)
         assert decoded.stats.syncs <= decoded.stats.steps / every + 2
@@ -170,11 +171,13 @@ def test_the_gpu_defaults_translate_as_the_dynamic_step_and_fit_memory(cuda, mon
     def same(a, b) -> int:
         return sum(x[0].tokens == y[0].tokens for x, y in zip(a.hypotheses, b.hypotheses))
 
-    dynamic = cuda.decode_ids(sources, cfg, batching=replace(topup, max_batch_sentences=32, capacity=32))
-    static = cuda.decode_ids(sources, cfg, batching=topup, static=StaticStep(readback_every=d.static_step))
+    dynamic = cuda.decode_ids(sources, DecodeRequest(cfg, schedule=replace(topup, max_batch_sentences=32, capacity=32)))
+    static = cuda.decode_ids(sources, DecodeRequest(cfg, schedule=topup,
+                                                    static=StaticStep(readback_every=d.static_step)))
     # (other row counts per step: cuBLAS may sum in another order, so a rare near-tie may flip)
     assert same(static, dynamic) >= 0.99 * len(src), same(static, dynamic)
     monkeypatch.setattr(graphs, "free_memory", lambda device: 2**28)  # a small GPU: 256 MB free
-    small = cuda.decode_ids(sources, cfg, batching=topup, static=StaticStep(readback_every=d.static_step))
+    small = cuda.decode_ids(sources, DecodeRequest(cfg, schedule=topup,
+                                                   static=StaticStep(readback_every=d.static_step)))
     assert max(small.stats.batch_sizes) < d.max_batch_size, max(small.stats.batch_sizes)  # fewer slots than asked for
     assert same(small, dynamic) >= 0.99 * len(src), same(small, dynamic)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from raymt.workers.config import SamplingConfig, SearchConfig
+from raymt.workers.decode_config import DecodeRequest
 from raymt.workers.engine import StaticStep
 from raymt.workers.sampling import lane_hashes, sentence_key, uniforms
 from raymt.workers.scheduler import Policy, SchedulerConfig
@@ -25,7 +26,7 @@ def texts() -> list[str]:
 
 
 def tokens(translator: CoreDecoder, texts: list[str], cfg: SearchConfig, **kw) -> list[list[tuple[int, ...]]]:
-    return [[h.tokens for h in hs] for hs in translator.decode_ids(translator.encode(texts), cfg, **kw).hypotheses]
+    return [[h.tokens for h in hs] for hs in translator.decode_ids(translator.encode(texts), DecodeRequest(cfg, **kw)).hypotheses]
 
 
 def test_the_uniforms_are_bit_equal_on_cuda():
@@ -41,18 +42,18 @@ def test_the_uniforms_are_bit_equal_on_cuda():
                                       SamplingConfig(topp=0.9, temperature=0.8, seed=3)])
 def test_samples_on_cuda_equal_the_cpus_and_the_graph_replays_them(demo_model_dir, texts, sampling):
     cfg = SearchConfig(beam_size=4, num_hypotheses=4, sampling=sampling)
-    cpu = tokens(CoreDecoder.load(str(demo_model_dir)), texts, cfg, batching=TOPUP)
+    cpu = tokens(CoreDecoder.load(str(demo_model_dir)), texts, cfg, schedule=TOPUP)
     cuda = CoreDecoder.load(str(demo_model_dir), device="cuda")
-    dynamic = tokens(cuda, texts, cfg, batching=TOPUP)
+    dynamic = tokens(cuda, texts, cfg, schedule=TOPUP)
     same = sum(a == b for a, b in zip(cpu, dynamic))  # a row: 4 samples of ~13 draws each
     assert same >= 0.9 * len(texts), f"{same}/{len(texts)} rows drew the same (float sums differ by device)"
-    graphed = tokens(cuda, texts, cfg, batching=TOPUP, static=StaticStep(readback_every=4))
+    graphed = tokens(cuda, texts, cfg, schedule=TOPUP, static=StaticStep(readback_every=4))
     same = sum(a == b for a, b in zip(graphed, dynamic))  # (one shape for every slot: other GEMM kernels)
     assert same >= 0.97 * len(texts), f"{same}/{len(texts)} rows drew the same in the graph as in the dynamic step"
 
 
 def test_top_k_one_on_cuda_is_greedy(demo_model_dir, texts):
     cuda = CoreDecoder.load(str(demo_model_dir), device="cuda")
-    greedy = tokens(cuda, texts, SearchConfig(beam_size=1), batching=TOPUP)
-    top1 = tokens(cuda, texts, SearchConfig(beam_size=1, sampling=SamplingConfig(topk=1)), batching=TOPUP)
+    greedy = tokens(cuda, texts, SearchConfig(beam_size=1), schedule=TOPUP)
+    top1 = tokens(cuda, texts, SearchConfig(beam_size=1, sampling=SamplingConfig(topk=1)), schedule=TOPUP)
     assert top1 == greedy

@@ -13,6 +13,7 @@ from tests.workers.replay_trace import CAPTURED, replay_mismatches, trace_static
 from raymt.workers.isa import bf16_refusal, detect
 from raymt.workers.beams import SlotState
 from raymt.workers.config import PruningConfig, SearchConfig
+from raymt.workers.decode_config import DecodeRequest
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.speedups import CpuSpeedups
 from raymt.workers.static_step import StaticStep
@@ -55,8 +56,8 @@ def static_decode(translator: CoreDecoder, beam: int, readback: int, policy: Pol
     cfg = SearchConfig(beam_size=beam, num_hypotheses=1, max_length_a=0.0, max_length_b=9,
                        pruning=pruning or PruningConfig())
     batching = SchedulerConfig(policy=policy, max_batch_sentences=2, capacity=2)
-    return lambda: translator.decode_ids(sources, cfg, batching=batching,
-                                         static=StaticStep(readback_every=readback, late=late)).hypotheses
+    return lambda: translator.decode_ids(sources, DecodeRequest(
+        cfg, schedule=batching, static=StaticStep(readback_every=readback, late=late))).hypotheses
 
 
 @pytest.mark.parametrize("beam, readback, policy, pruning, late", [

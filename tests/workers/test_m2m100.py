@@ -25,6 +25,7 @@ import torch
 from tests.conftest import shared_path
 from raymt.workers.checkpoint import UnsupportedCheckpoint, config_from_hf, expected_layout, local_reader
 from raymt.workers.config import SearchConfig
+from raymt.workers.decode_config import DecodeRequest
 from raymt.workers.engine import Engine, batch_schedule
 from raymt.workers.lang_tokenizer import load_language_tokenizer
 from raymt.workers.speedups import CpuSpeedups
@@ -209,8 +210,9 @@ def test_static_step_and_shortlist_keep_the_forced_first_token(model_dir, source
     sources = tr.encode(source_lines, src_lang)
     forced = tr.forced_first(targets, len(targets))
     cfg = SearchConfig(beam_size=3, max_decoding_length=CAP, max_length_a=0.0, max_length_b=CAP)
-    dynamic = tr.decode_ids(sources, cfg, forced_first=forced).hypotheses
-    static = tr.decode_ids(sources, cfg, static=StaticStep(readback_every=2), forced_first=forced).hypotheses
+    dynamic = tr.decode_ids(sources, DecodeRequest(cfg), forced_first=forced).hypotheses
+    static = tr.decode_ids(sources, DecodeRequest(cfg, static=StaticStep(readback_every=2)),
+                           forced_first=forced).hypotheses
     assert [h[0].tokens for h in static] == [h[0].tokens for h in dynamic]
     langs = set(tr.checkpoint.tokenizer.languages.values())
     candidates = torch.tensor(sorted({EOS, PAD, 3} | set(range(4, 300)) - langs))

@@ -14,6 +14,7 @@ import torch
 
 from raymt.workers.cache import KVCache
 from raymt.workers.config import SearchConfig
+from raymt.workers.decode_config import DecodeRequest
 from raymt.workers.engine import Engine
 from raymt.workers.output_head import OutputHead
 from raymt.workers.graphs import WARMUP_STEPS, GraphedStep
@@ -68,7 +69,7 @@ def tokens(hyps) -> list:
 
 
 def decode_calls(tr: CoreDecoder, **kwargs) -> list:
-    return [tokens(tr.decode_ids(sorted(tr.encode(texts), key=len), CFG, **kwargs).hypotheses) for texts in CALLS]
+    return [tokens(tr.decode_ids(sorted(tr.encode(texts), key=len), DecodeRequest(CFG, **kwargs)).hypotheses) for texts in CALLS]
 
 
 def test_one_runner_serves_every_call_with_one_cache(demo_model_dir, expected):
@@ -78,10 +79,10 @@ def test_one_runner_serves_every_call_with_one_cache(demo_model_dir, expected):
     assert got == expected
     assert tr.runner is runner and runner.counts.caches == 1 and runner.counts.states == 1
     topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=4, capacity=4)
-    assert decode_calls(tr, batching=topup) == expected  # streaming calls fill the same slots
+    assert decode_calls(tr, schedule=topup) == expected  # streaming calls fill the same slots
     assert runner.counts.caches == 1
     long = ["Ein Mann " + "und ein Hund " * 12 + "laufen."]  # a longer source than the cache holds: it grows
-    tr.decode_ids(tr.encode(long), CFG)
+    tr.decode_ids(tr.encode(long), DecodeRequest(CFG))
     assert runner.counts.caches == 2 and runner.cache.cross_k.shape[3] >= len(tr.encode(long)[0])
     assert dataclasses.replace(tr, max_batch_size=2).runner is runner  # a copy decodes on the same cache
 
@@ -93,7 +94,7 @@ def test_the_static_step_is_captured_once_per_bucket_across_calls(demo_model_dir
     assert got == expected
     assert (tr.runner.counts.caches, tr.runner.counts.captures) == (1, 1)
     batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2)  # another bucket
-    assert decode_calls(tr, batching=batching, static=StaticStep()) == expected
+    assert decode_calls(tr, schedule=batching, static=StaticStep()) == expected
     assert (tr.runner.counts.caches, tr.runner.counts.captures) == (1, 2)
     assert [bucket(n, 1024) for n in (1, 2, 3, 5, 600)] == [1, 2, 4, 8, 1024] and bucket(6, 6) == 6
 
@@ -184,7 +185,7 @@ def test_closing_frees_the_cache_without_a_garbage_collection(demo_model_dir, st
     gc.disable()
     try:
         tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=4)
-        tr.decode_ids(tr.encode(CALLS[1]), CFG, static=StaticStep() if static else None)
+        tr.decode_ids(tr.encode(CALLS[1]), DecodeRequest(CFG, static=StaticStep() if static else None))
         cache, state = weakref.ref(tr.runner.cache), weakref.ref(tr.runner.state)
         tr.close()
         assert cache() is None and state() is None
@@ -324,7 +325,7 @@ def test_a_reallocation_drops_graphs_and_hands_memory_back_before_allocating(dem
 
     tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=4)
     runner = tr._runner = DecodeRunner(tr.checkpoint.model, capture=Rerun)
-    tr.decode_ids(tr.encode(CALLS[1]), CFG, static=StaticStep())
+    tr.decode_ids(tr.encode(CALLS[1]), DecodeRequest(CFG, static=StaticStep()))
     assert runner._graphs and runner._static and runner.counts.captures == 1
     events = []
 
@@ -338,8 +339,8 @@ def test_a_reallocation_drops_graphs_and_hands_memory_back_before_allocating(dem
     monkeypatch.setattr(KVCache, "reserve", lambda cache, n: (events.append(seen("grow")) if n > cache.max_length
                                                               else None) or grow(cache, n))
     long = tr.encode(["Ein Mann " + "und ein Hund " * 12 + "laufen."])  # a longer source: a new cache
-    tr.decode_ids(long, CFG, static=StaticStep())
-    tr.decode_ids(long, dataclasses.replace(CFG, max_length_b=40), static=StaticStep())  # longer targets: both grow
+    tr.decode_ids(long, DecodeRequest(CFG, static=StaticStep()))
+    tr.decode_ids(long, DecodeRequest(dataclasses.replace(CFG, max_length_b=40), static=StaticStep()))  # longer targets: both grow
     allocations = [i for i, e in enumerate(events) if e[0] != "release"]
     assert {events[i][0] for i in allocations} == {"cache", "state", "grow"}, events
     for i in allocations:
@@ -385,6 +386,6 @@ def test_the_slot_estimate_counts_the_source_positions_the_cache_allocates(demo_
     monkeypatch.setattr(graphs, "free_memory", lambda device: 2**40)
     monkeypatch.setattr(core_decoder_module, "bytes_per_sentence", lambda **k: estimated.append(k) or real(**k))
     tr._fit_to_memory(SchedulerConfig(max_batch_sentences=4, capacity=4), sources, CFG, None)
-    tr.decode_ids(sources, CFG)
+    tr.decode_ids(sources, DecodeRequest(CFG))
     assert max(map(len, sources)) == 9 and source_capacity(9, 512) == 16
     assert estimated[0]["max_source"] == tr.runner.cache.cross_k.shape[3] == 16

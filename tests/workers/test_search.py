@@ -1,25 +1,21 @@
 """Unit tests of the pure beam-step functions in ``raymt.workers.search`` on hand-built tensors.
 
 The expected values follow HF ``generate`` beam search (transformers ``_beam_search``): 2K candidates,
-EOS candidates finish only when ranked < K, finished score ``sum_logprob / length ** alpha`` and the
-early-stop heuristic that compares the best running beam, normalised at the current length, with the
-worst finished hypothesis.
+EOS candidates finish only when ranked < K. The rules applied after the step (finished pools, length
+normalisation, the stop test, pruning) are ``tests/workers/test_beam_rules.py``'s.
 """
 from __future__ import annotations
 
 import itertools
 import math
-import random
 
 import pytest
 import torch
 
-from raymt.workers.beams import stop_mask
 from benchmarks.search_variants import row_top_log_probs_fused
-from tests.workers.search_oracles import FinishedPool, is_done, length_normalize, normalized_log_probs, top_candidates
+from tests.workers.search_oracles import normalized_log_probs, top_candidates
 from raymt.workers.search import (
     Candidates,
-    Hypothesis,
     RowTop,
     row_top_log_probs,
     select_step,
@@ -165,79 +161,6 @@ def test_normalized_log_probs_returns_float32(dtype: torch.dtype) -> None:
     assert torch.equal(logits, before)
 
 
-# --------------------------------------------------------------------------- pool, stop test
-
-def hyp(score: float) -> Hypothesis:
-    return Hypothesis((EOS,), score, score)
-
-
-@pytest.mark.parametrize("capacity, added, kept", [
-    (3, [-2.0, -1.0], [-1.0, -2.0]),
-    (2, [-2.0, -1.0, -3.0], [-1.0, -2.0]),
-    (2, [-3.0, -2.0, -1.0, -0.5], [-0.5, -1.0]),
-    (1, [-1.0, -0.25, -4.0], [-0.25]),
-    (3, [-1.0, -1.0, -2.0, -1.0], [-1.0, -1.0, -1.0]),
-])
-def test_finished_pool_keeps_best_sorted(capacity: int, added: list[float], kept: list[float]) -> None:
-    pool = FinishedPool(capacity)
-    for score in added:
-        pool.add(hyp(score))
-    assert [h.score for h in pool.hyps] == kept
-    assert pool.full == (len(added) >= capacity)
-    assert pool.worst_score == (kept[-1] if pool.full else -INF)
-
-
-def test_finished_pool_keeps_first_of_ties() -> None:
-    pool = FinishedPool(2)
-    for tokens in [(1, EOS), (2, EOS), (3, EOS)]:
-        pool.add(Hypothesis(tokens, -1.0, -2.0))
-    assert [h.tokens for h in pool.hyps] == [(1, EOS), (2, EOS)]
-
-
-@pytest.mark.parametrize("pool_scores, capacity, best_running, generated, length_penalty, early_stopping, done", [
-    # pool not full: never done, whatever the running score or early_stopping
-    ([-1.0], 2, -100.0, 3, 1.0, False, False),
-    ([-1.0], 2, -100.0, 3, 1.0, True, False),
-    ([], 1, -INF, 1, 1.0, False, False),
-    # early_stopping=True: done as soon as the pool is full
-    ([-1.0, -2.0], 2, 0.0, 1, 1.0, True, True),
-    # no running beam left
-    ([-1.0, -2.0], 2, -INF, 4, 1.0, False, True),
-    # running normalised at the current length: -3/2 = -1.5 beats the worst finished -2
-    ([-1.0, -2.0], 2, -3.0, 2, 1.0, False, False),
-    # -4/2 = -2 ties the worst finished: HF continues only on strictly better
-    ([-1.0, -2.0], 2, -4.0, 2, 1.0, False, True),
-    ([-1.0, -2.0], 2, -5.0, 2, 1.0, False, True),
-    # alpha 0: raw sums compared
-    ([-1.0, -2.0], 2, -3.0, 2, 0.0, False, True),
-    ([-1.0, -2.0], 2, -1.5, 2, 0.0, False, False),
-    # alpha 2: -9 / 3**2 = -1 > -2
-    ([-1.0, -2.0], 2, -9.0, 3, 2.0, False, False),
-    ([-1.0, -2.0], 2, -27.0, 3, 2.0, False, True),
-    # alpha 0.6 at length 5: -4 / 5**0.6 = -1.523 > -1.6
-    ([-0.5, -1.6], 2, -4.0, 5, 0.6, False, False),
-    ([-0.5, -1.5], 2, -4.0, 5, 0.6, False, True),
-])
-def test_is_done_matches_hf_heuristic(pool_scores: list[float], capacity: int, best_running: float,
-                                      generated: int, length_penalty: float, early_stopping: bool,
-                                      done: bool) -> None:
-    pool = FinishedPool(capacity)
-    for score in pool_scores:
-        pool.add(hyp(score))
-    assert is_done(pool, best_running, generated, length_penalty, early_stopping) is done
-
-
-@pytest.mark.parametrize("score, length, length_penalty, expected", [
-    (-6.0, 3, 1.0, -2.0),
-    (-6.0, 3, 0.0, -6.0),
-    (-8.0, 2, 2.0, -2.0),
-    (-4.0, 5, 0.6, -4.0 / 5 ** 0.6),
-    (0.0, 4, 1.0, 0.0),
-])
-def test_length_normalize(score: float, length: int, length_penalty: float, expected: float) -> None:
-    assert length_normalize(score, length, length_penalty) == pytest.approx(expected)
-
-
 # --------------------------------------------------------------------------- fused output step
 
 ROW_TOP = [row_top_log_probs, row_top_log_probs_fused]
@@ -275,28 +198,6 @@ def test_row_top_bans_pad_even_when_it_is_the_best_logit(row_top) -> None:
     assert top.tokens.tolist() == [[3, 1]]
     lse = torch.logsumexp(logits, dim=-1)  # the normaliser still includes pad
     assert torch.allclose(top.log_probs, torch.tensor([[2.0, 1.0]]) - lse)
-
-
-@pytest.mark.parametrize("early_stopping", [False, True])
-@pytest.mark.parametrize("length_penalty", [1.0, 0.6, 2.0])
-def test_vectorised_stop_test_equals_is_done(early_stopping: bool, length_penalty: float) -> None:
-    """``stop_mask`` (one tensor test per step) decides exactly as the scalar ``is_done`` per sentence."""
-    rng = random.Random(7)
-    pools, best, generated = [], [], 6
-    for _ in range(200):
-        pool = FinishedPool(3)
-        for _ in range(rng.randrange(5)):
-            total = -rng.uniform(0, 12)
-            pool.add(Hypothesis((1,), total / rng.randrange(1, 9) ** length_penalty, total))
-        pools.append(pool)
-        best.append(rng.choice([float("-inf"), -rng.uniform(0, 12)]))
-    at_max = torch.tensor([rng.random() < 0.1 for _ in pools])
-    got = stop_mask(torch.tensor(best), at_max, torch.tensor([p.full for p in pools]),
-                    torch.tensor([p.worst_score for p in pools], dtype=torch.float64),
-                    float(generated) ** length_penalty, early_stopping)
-    expected = [bool(m) or not math.isfinite(b) or is_done(p, b, generated, length_penalty, early_stopping)
-                for p, b, m in zip(pools, best, at_max.tolist())]
-    assert got.tolist() == expected
 
 
 def test_greedy_select_ends_on_eos_at_the_cap_or_without_a_finite_continuation():

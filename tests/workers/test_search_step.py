@@ -14,6 +14,7 @@ from raymt.workers import engine as engine_module
 from raymt.workers import search_step
 from raymt.workers.config import (MAX_SAMPLING_TEMPERATURE, MIN_SAMPLING_TEMPERATURE, PruningConfig, SamplingConfig,
                                   SearchConfig)
+from raymt.workers.decode_config import DecodeRequest
 from raymt.workers.engine import StaticStep
 from raymt.workers.sampling import draw, lane_hashes, sample_candidates, sentence_key, uniforms
 from raymt.workers.scheduler import Policy, SchedulerConfig
@@ -38,7 +39,7 @@ def sources(translator):
 
 def decode(translator, sources, cfg, batching=None, static=None):
     return [[(h.tokens, h.log_prob) for h in hs]
-            for hs in translator.decode_ids(sources, cfg, batching=batching, static=static).hypotheses]
+            for hs in translator.decode_ids(sources, DecodeRequest(cfg, schedule=batching, static=static)).hypotheses]
 
 
 def assert_same(got, want):
@@ -187,7 +188,7 @@ def test_first_tokens_follow_the_models_own_probabilities(translator):
     prob: dict[int, float] = {}
     for seed in range(50):
         from dataclasses import replace
-        for h in translator.decode_ids(src, replace(cfg, sampling=SamplingConfig(seed=seed))).hypotheses[0]:
+        for h in translator.decode_ids(src, DecodeRequest(replace(cfg, sampling=SamplingConfig(seed=seed)))).hypotheses[0]:
             seen[h.tokens[0]] += 1
             prob[h.tokens[0]] = math.exp(h.log_prob)
     n = sum(seen.values())

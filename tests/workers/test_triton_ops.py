@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from raymt.workers.step_ops import ATEN
+from raymt.workers.decode_config import DecodeRequest
 
 triton = pytest.importorskip("triton", reason="Triton is not installed (pip install -e '.[test]' brings it)")
 
@@ -196,9 +197,9 @@ def test_the_static_step_with_the_fused_output_step_decodes_as_atens_dynamic_one
     cfg = SearchConfig(beam_size=2, num_hypotheses=2, max_length_a=0.0, max_length_b=6)
     batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2)
     decoder.ops = ATEN
-    want = translator.decode_ids(sources, cfg, batching=batching).hypotheses
+    want = translator.decode_ids(sources, DecodeRequest(cfg, schedule=batching)).hypotheses
     decoder.ops = triton_ops.TritonOps()
-    got = translator.decode_ids(sources, cfg, batching=batching, static=StaticStep(readback_every=2)).hypotheses
+    got = translator.decode_ids(sources, DecodeRequest(cfg, schedule=batching, static=StaticStep(readback_every=2))).hypotheses
     decoder.ops = ATEN
     assert [[h.tokens for h in x] for x in got] == [[h.tokens for h in x] for x in want]
     assert any(len(x[0].tokens) == 6 for x in want)  # (a cap is reached: forced EOS runs through the kernel)
@@ -277,12 +278,12 @@ def test_the_triton_attention_never_reads_an_unwritten_position(demo_model_dir, 
     cfg = SearchConfig(beam_size=3, num_hypotheses=2)
     batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2)
     decoder.ops = ATEN
-    want = translator.decode_ids(sources, cfg, batching=batching).hypotheses
+    want = translator.decode_ids(sources, DecodeRequest(cfg, schedule=batching)).hypotheses
     monkeypatch.setattr(KVCache, "empty", classmethod(poisoned))
     decoder.ops = triton_ops.TritonOps()
     try:
-        got = translator.decode_ids(sources, cfg, batching=batching,
-                                    static=StaticStep(readback_every=2) if static else None).hypotheses
+        got = translator.decode_ids(sources, DecodeRequest(
+                cfg, schedule=batching, static=StaticStep(readback_every=2) if static else None)).hypotheses
     finally:
         decoder.ops = ATEN
     assert made == [False]  # one cache, not zeroed, NaN where never written
@@ -319,7 +320,7 @@ def test_the_static_step_with_the_triton_kernels_is_safe_to_replay(demo_model_di
     cfg = SearchConfig(beam_size=2, num_hypotheses=1, max_length_a=0.0, max_length_b=8)
     batching = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2)
     trace = trace_static_decode(monkeypatch, lambda: translator.decode_ids(
-        sources, cfg, batching=batching, static=StaticStep(readback_every=2)).hypotheses, triton_ops)
+        sources, DecodeRequest(cfg, schedule=batching, static=StaticStep(readback_every=2))).hypotheses, triton_ops)
     kernels_run = [op for op, _ in trace.steps[CAPTURED] if not op.startswith("aten.")]
     assert sorted(set(kernels_run)) == ["ancestry_attention", "row_top_log_softmax", "source_attention"]
     assert [n for n in trace.admitted_after if n > CAPTURED + 1]

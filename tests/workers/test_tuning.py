@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from raymt.workers.config import SearchConfig
+from raymt.workers.decode_config import DecodeRequest
 from raymt.workers.scheduler import Policy, SchedulerConfig
 from raymt.workers.shortlist import LexicalTable, Shortlist
 from raymt.workers.core_decoder import CoreDecoder
@@ -87,8 +88,8 @@ def test_a_gpu_decode_fits_its_slots_to_free_memory_with_the_same_output(demo_mo
     monkeypatch.setattr(graphs, "free_memory", lambda device: 5 * per)
     fitted = tr._fit_to_memory(topup, sources, cfg, None)
     assert (fitted.max_batch_sentences, fitted.capacity) == (2, 2)  # half of 5 slots' worth
-    expected = tr.decode_ids(sources, cfg, batching=topup).hypotheses
-    assert [h[0].tokens for h in tr.decode_ids(sources, cfg, batching=fitted).hypotheses] == \
+    expected = tr.decode_ids(sources, DecodeRequest(cfg, schedule=topup)).hypotheses
+    assert [h[0].tokens for h in tr.decode_ids(sources, DecodeRequest(cfg, schedule=fitted)).hypotheses] == \
         [h[0].tokens for h in expected]
     monkeypatch.setattr(graphs, "free_memory", lambda device: 10**12)
     assert tr._fit_to_memory(topup, sources, cfg, None) is topup  # fits: unchanged

@@ -1,10 +1,11 @@
 // The engine's beam-search step after the output layer on the CPU (greedy, K = 1, included), in one call
-// (torch.ops.raymt.beam_step): workers/search.py's top_candidates_from_rows + select_step, and
-// workers/beams.py's add_finished, pool_summary, stop_mask, the reorder and Readback.gather, which
-// the Python path runs as ~50 small ATen operators a step. Same arithmetic in the same precision
-// (float32 candidate sums, float64 normalised scores and stop test), so the outcome is the Python
-// path's; ties between equal scores go to the lower index (torch.topk leaves their order open).
-// Pruning (workers/pruning.py's heuristics) runs here too; the static step stays on the Python path.
+// (torch.ops.raymt.beam_step): workers/search.py's top_candidates_from_rows + select_step, the rules of
+// workers/beam_rules.py (finished_records + merge_order, PoolSummary, keep_mask, stop_mask), and
+// workers/beams.py's reorder and Readback.gather, which the Python path runs as ~50 small ATen
+// operators a step. Same arithmetic in the same precision (float32 candidate sums, float64 normalised
+// scores and stop test), so the outcome is the Python path's; ties between equal scores go to the
+// lower index (torch.topk leaves their order open). The search's rules arrive as one argument,
+// BeamRules.packed (struct BeamRules below); the static step stays on the Python path.
 // Dimension letters: N rows run, M best tokens per row, B planned slots, K beam, C = 2K
 // candidates, S slots, R = S x K rows, T target capacity, t visible positions.
 #include <ATen/ATen.h>
@@ -20,24 +21,38 @@
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-enum { kScore = 0, kLogProb = 1, kLength = 2, kToken = 3 };  // a pool record (beams.py)
+enum { kScore = 0, kLogProb = 1, kLength = 2, kToken = 3 };  // a pool record (beam_rules.py's SCORE ..)
 
 struct Candidate {
   float score, word;  // cumulative log-prob, the new token's own log-prob
   int64_t beam, token;
 };
 
-struct Pruning {  // workers/config.PruningConfig; NaN / 0 = off
-  double rp, ap, rpl, delta;
-  int64_t mc;
+// workers/beam_rules.BeamRules, unpacked from BeamRules.packed (laid out as PACKED_FIELDS there):
+// the hypotheses returned per sentence, HF's early_stopping, and the pruning heuristics (NaN = off).
+struct BeamRules {
+  int64_t nbest;
+  bool early_stopping;
+  double rp, ap, rpl;
+  int64_t mc;  // 0 = off
+  double delta;
   bool early_stop;
+
+  static BeamRules unpack(at::ArrayRef<double> v) {
+    TORCH_CHECK(v.size() == 8, "beam_step: rules must be BeamRules.packed (8 values), got ", v.size());
+    return {static_cast<int64_t>(v[0]), v[1] != 0.0, v[2], v[3], v[4],
+            std::isnan(v[5]) ? 0 : static_cast<int64_t>(v[5]), v[6], v[7] != 0.0};
+  }
+  bool prunes() const {
+    return !std::isnan(rp) || !std::isnan(ap) || !std::isnan(rpl) || mc > 0 || !std::isnan(delta) || early_stop;
+  }
 };
 
-// workers/pruning.keep_mask for one sentence's K running candidates (best first), in the Python
+// workers/beam_rules.keep_mask for one sentence's K running candidates (best first), in the Python
 // path's precisions: float32 thresholds against the step's best candidate, float64 against the
 // best finished hypothesis.
 void keep_mask(const float* score, const float* word, const int64_t* beam, int64_t k, float best, double best_finished,
-               const Pruning& p, bool* keep) {
+               const BeamRules& p, bool* keep) {
   float best_word = kNegInf;
   for (int64_t i = 0; i < k; ++i)
     if (std::isfinite(score[i])) best_word = std::max(best_word, word[i]);
@@ -74,20 +89,17 @@ void top_indices(const std::vector<float>& values, int64_t count, std::vector<in
 // each row's (B x K) entry, or undefined when row i is entry i; slots, generated (B,) int64;
 // at_max (B,) bool; norm (>= max generated + 1,) float64 generated ** length_penalty; state
 // (updated in place): running (S, K) float32, last (R,), pool (S, K, 4) float64, pool_tokens
-// (S, K, >= t - 1), ancestry and tokens (T, R) int64 (the cache's); pruned () int64, the discarded
-// running candidates added to it. -> the step's readback (B, 2 [+ nbest * (4 + t - 1)]) int64,
-// laid out as Readback.gather lays it out.
+// (S, K, >= t - 1), ancestry and tokens (T, R) int64 (the cache's); rules BeamRules.packed;
+// pruned () int64, the discarded running candidates added to it. -> the step's readback
+// (B, 2 [+ nbest * (4 + t - 1)]) int64, laid out as Readback.gather lays it out.
 at::Tensor beam_step(const at::Tensor& top_lp, const at::Tensor& top_tok, const c10::optional<at::Tensor>& grid,
                      const at::Tensor& slots, const at::Tensor& generated, const at::Tensor& at_max,
                      const at::Tensor& norm, at::Tensor running, at::Tensor last, at::Tensor pool,
                      at::Tensor pool_tokens, at::Tensor ancestry, const at::Tensor& tokens, int64_t t,
-                     int64_t eos, bool early_stopping, int64_t nbest, c10::optional<double> rp,
-                     c10::optional<double> ap, c10::optional<double> rpl, c10::optional<int64_t> mc,
-                     c10::optional<double> delta, bool early_stop, at::Tensor pruned) {
-  const double off = std::numeric_limits<double>::quiet_NaN();
-  const Pruning pruning{rp.value_or(off), ap.value_or(off), rpl.value_or(off), delta.value_or(off), mc.value_or(0),
-                        early_stop};
-  const bool prune = rp || ap || rpl || mc || delta || early_stop;
+                     int64_t eos, at::ArrayRef<double> packed_rules, at::Tensor pruned) {
+  const BeamRules rules = BeamRules::unpack(packed_rules);
+  const bool prune = rules.prunes();
+  const int64_t nbest = rules.nbest;
   TORCH_CHECK(pruned.scalar_type() == at::kLong && pruned.numel() == 1, "beam_step: pruned must be an int64 scalar");
   int64_t discarded = 0;
   const int64_t n = top_lp.size(0), m = top_lp.size(1), b = slots.size(0), k = running.size(1), c = 2 * k;
@@ -187,7 +199,7 @@ at::Tensor beam_step(const at::Tensor& top_lp, const at::Tensor& top_tok, const 
       double best_finished = -std::numeric_limits<double>::infinity();
       for (int64_t i = 0; i < k; ++i) best_finished = std::max(best_finished, entries[i * 4 + kLogProb]);
       for (int64_t i = 0; i < k; ++i) run_words[i] = cands[chosen[i]].word, run_beams[i] = cands[chosen[i]].beam;
-      keep_mask(new_running.data(), run_words.data(), run_beams.data(), k, cands[0].score, best_finished, pruning,
+      keep_mask(new_running.data(), run_words.data(), run_beams.data(), k, cands[0].score, best_finished, rules,
                 keep.get());
       for (int64_t i = 0; i < k; ++i) {
         if (keep[i]) continue;
@@ -204,7 +216,7 @@ at::Tensor beam_step(const at::Tensor& top_lp, const at::Tensor& top_tok, const 
     }
     const float best = new_running[0];
     const bool beaten = static_cast<double>(best) / nrm <= worst;
-    done[j] = max_p[j] || !std::isfinite(best) || (full && (beaten || early_stopping));
+    done[j] = max_p[j] || !std::isfinite(best) || (full && (beaten || rules.early_stopping));
     // the reorder: row base + i continues candidate chosen[i]'s source beam (ancestry columns only)
     int64_t live_count = 0;
     for (int64_t i = 0; i < k; ++i) {
@@ -242,8 +254,7 @@ at::Tensor beam_step(const at::Tensor& top_lp, const at::Tensor& top_tok, const 
 TORCH_LIBRARY_FRAGMENT(raymt, m) {
   m.def("beam_step(Tensor top_lp, Tensor top_tok, Tensor? grid, Tensor slots, Tensor generated, Tensor at_max,"
         " Tensor norm, Tensor(a!) running, Tensor(b!) last, Tensor(c!) pool, Tensor(d!) pool_tokens,"
-        " Tensor(e!) ancestry, Tensor tokens, int t, int eos, bool early_stopping, int nbest, float? rp, float? ap,"
-        " float? rpl, int? mc, float? delta, bool early_stop, Tensor(f!) pruned) -> Tensor");
+        " Tensor(e!) ancestry, Tensor tokens, int t, int eos, float[] rules, Tensor(f!) pruned) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(raymt, CPU, m) { m.impl("beam_step", &beam_step); }
