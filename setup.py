@@ -1,11 +1,11 @@
 """The native decode operators built into the package at install time (pyproject.toml holds the rest).
 
-``pip install .`` and ``pip wheel .`` compile ``workers/csrc`` once per target the loader knows
-(``workers/native_build.py``: x86-64-v4, x86-64-v3 and portable on x86-64, portable elsewhere) into
-``raymt/workers/_native/``, against the torch installed in the environment the command runs in (install
+``pip install .`` and ``pip wheel .`` compile ``workers/kernels/csrc`` once per target the loader knows
+(``workers/kernels/native_build.py``: x86-64-v4, x86-64-v3 and portable on x86-64, portable elsewhere) into
+``raymt/workers/kernels/_native/``, against the torch installed in the environment the command runs in (install
 torch first, as the README does). pip's build isolation hides that torch from the build: it is found
 where the interpreter's own packages are, never downloaded (torch is not a build requirement: a build
-against another torch would not match the one installed). The loader (``workers/native.py``) takes a
+against another torch would not match the one installed). The loader (``workers/kernels/native.py``) takes a
 library only for the torch and Python it was built with, and the CPU's own target, so a node without a
 compiler runs the installed build and no node compiles on its first unit.
 
@@ -33,8 +33,8 @@ BUILDING = {"bdist_wheel", "bdist", "build", "build_ext", "install"}  # commands
 
 
 def native_build() -> ModuleType:
-    """``workers/native_build.py``, read by its path (raymt is not importable yet)."""
-    spec = importlib.util.spec_from_file_location("raymt_native_build", os.path.join(HERE, "raymt", "workers", "native_build.py"))
+    """``workers/kernels/native_build.py``, read by its path (raymt is not importable yet)."""
+    spec = importlib.util.spec_from_file_location("raymt_native_build", os.path.join(HERE, "raymt", "workers", "kernels", "native_build.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -85,15 +85,15 @@ def native_extensions() -> tuple[list, dict]:
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
     build_spec = native_build()
-    sources = [os.path.join("raymt", "workers", "csrc", name) for name in build_spec.SOURCE_NAMES]
+    sources = [os.path.join("raymt", "workers", "kernels", "csrc", name) for name in build_spec.SOURCE_NAMES]
     built = {}
     extensions = []
     for target in targets(build_spec):
         key = build_spec.library_key(target, torch.__version__)
         stem = build_spec.installed_stem(target, key)
         built[stem] = target
-        extensions.append(CppExtension(f"raymt.workers._native.{stem}", sources,
-                                       depends=[os.path.join("raymt", "workers", "csrc", h) for h in build_spec.HEADER_NAMES],
+        extensions.append(CppExtension(f"raymt.workers.kernels._native.{stem}", sources,
+                                       depends=[os.path.join("raymt", "workers", "kernels", "csrc", h) for h in build_spec.HEADER_NAMES],
                                        extra_compile_args=[*build_spec.compile_flags(target), "-g0"],
                                        extra_link_args=list(build_spec.LINK_FLAGS)))
     manifest = {"torch": torch.__version__, "python": build_spec.python_abi()}
@@ -109,7 +109,7 @@ def build_command(base: type, built: dict[str, str], manifest: dict, manifest_na
             if getattr(self, "editable_mode", False) or self.inplace:
                 logger.info("raymt: editable install: the native operators are built on first use")
                 return
-            folder = os.path.join(self.build_lib, "raymt", "workers", "_native")
+            folder = os.path.join(self.build_lib, "raymt", "workers", "kernels", "_native")
             shutil.rmtree(folder, ignore_errors=True)  # an earlier build's libraries (other keys) left out
             self.done: dict[str, str] = {}
             try:

@@ -23,7 +23,7 @@ listed, interleaved like the main table, then the best per system and the ratios
 
 The peaks: the measured GEMM peak (``benchmarks.peers.gemm_probe``: the faster of torch's default
 matmul and oneDNN's prepacked kernel, 1024^3, best of 5 windows) and the ISA's peak, cores
-(``--threads``) x GHz x float32 FLOP/cycle (``raymt.workers.isa``: 2 FMA units x 16 lanes x 2 on
+(``--threads``) x GHz x float32 FLOP/cycle (``raymt.workers.kernels.isa``: 2 FMA units x 16 lanes x 2 on
 AVX-512, x 8 lanes on AVX2), measured by an FMA loop on registers (``benchmarks.fma_probe``): the
 clock the cores really run, which /proc/cpuinfo under a hypervisor does not give (its nominal
 2.6 GHz put the "peak" below the GEMM probe). Where the probe cannot be built, the clock read from
@@ -54,20 +54,20 @@ from benchmarks.peers import (
     splits,
     work_dir,
 )
-from raymt.pipeline.bench_reports import SETS, read_lines, write_report
-from raymt.pipeline.stats_tables import markdown_table
-from raymt.pipeline.shortlist_files import load_shortlist
+from benchmarks.reports import SETS, read_lines, write_report
+from raymt.pipeline.reports.stats_tables import markdown_table
+from raymt.pipeline.decoders.shortlist_files import load_shortlist
 from benchmarks.step_profile import step_breakdown
 from tools.pad_vocab import pad as pad_vocab
 from raymt.workers.config import PruningConfig, SearchConfig
-from raymt.workers.engine import DecodeStats
+from raymt.workers.decoder.engine import DecodeStats
 from benchmarks.flops import flops_per_target_token
 from benchmarks.fma_probe import isa_peak
-from raymt.workers.isa import bf16_refusal, theoretical_peak_gflops
-from raymt.workers.isa import detect as detect_isa
-from raymt.workers.scheduler import Policy, SchedulerConfig
-from raymt.workers.speedups import EXACT, CpuSpeedups
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.kernels.isa import bf16_refusal, theoretical_peak_gflops
+from raymt.workers.kernels.isa import detect as detect_isa
+from raymt.workers.decoder.scheduler import Policy, SchedulerConfig
+from raymt.workers.kernels.speedups import EXACT, CpuSpeedups
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 # The speed configuration's pruning: ap 2.5, the one within 0.2 BLEU of exact on the trained base model (int8:
 # ap 2.5 42.26, rp 0.6 41.73, rp 0.8 41.36, none 42.24; docs/results/quality-base-speed-config.md).
@@ -188,7 +188,7 @@ def vmap_of(args: argparse.Namespace, tmp: str) -> str:
         raise SystemExit("ct2-int8-vmap needs --shortlist (the table ours-best uses)")
     if args.shortlist.endswith(".vmap"):
         return args.shortlist
-    from raymt.pipeline.shortlist_files import load_table, save_table
+    from raymt.pipeline.decoders.shortlist_files import load_table, save_table
 
     tok = CoreDecoder.load(args.model).checkpoint.tokenizer
     path = os.path.join(tmp, f"shortlist-m{args.shortlist_m}.vmap")
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
                    "rp 0.6 and int8 together, M=10 cost 0.41 BLEU on Multi30k beam 5, M=50 0.13")
     p.add_argument("--systems", default="ours-plain,ours+qkv,ours+onednn,ours-exact,ours-exact-k,ours+int8,ours+bf16,ours-best,"
                    "ct2-float32,ct2-int8,hf", help="ours-plain, ours+qkv, ours+onednn, ours-exact, ours+int8: the cumulative CPU speed-ups "
-                   "(workers/speedups.py); ours-unfused-head: ours-exact with its output layer's product and log-softmax + top-k "
+                   "(workers/kernels/speedups.py); ours-unfused-head: ours-exact with its output layer's product and log-softmax + top-k "
                    "as two passes; ours+int8-int8-head: ours+int8 with its output layer's int8 product, then the top-k (not fused in float32); ours+bf16: bfloat16 instead of int8; ours-exact-k: ours-exact stopping "
                    "at K finished hypotheses, CTranslate2's rule (HF early_stopping=True); ours-best: int8 + ap 2.5 "
                    "pruning + --shortlist; ours-topup, ours-var-stream, ours-fifo: ours-exact under that streaming "

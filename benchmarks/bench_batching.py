@@ -25,14 +25,14 @@ from dataclasses import dataclass, field, replace
 
 import sacrebleu
 
-from raymt.pipeline.bench_reports import SETS, read_lines, write_report
-from raymt.pipeline.stats_tables import markdown_table
+from benchmarks.reports import SETS, read_lines, write_report
+from raymt.pipeline.reports.stats_tables import markdown_table
 from raymt.workers.config import PruningConfig, SearchConfig
-from raymt.workers.decode_config import DecodeRequest
-from raymt.workers.engine import DecodeStats
-from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig
-from raymt.workers.shortlist import Shortlist
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.decode_config import DecodeRequest
+from raymt.workers.decoder.engine import DecodeStats
+from raymt.workers.decoder.scheduler import CapacityUnit, Policy, SchedulerConfig
+from raymt.workers.search.shortlist import Shortlist
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 
 @dataclass

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from raymt.pipeline.sink import OUTPUT_SCHEMA, OutputStore, assemble
-from raymt.pipeline.units import Columns, plan_units, read_unit
+from raymt.pipeline.outputs.sink import OUTPUT_SCHEMA, OutputStore, assemble
+from raymt.pipeline.orchestration.units import Columns, plan_units, read_unit
 
 SHARED_DATA = Path(os.environ.get("RAYMT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 WMT22 = SHARED_DATA / "wmt22" / "generaltest2022.de-en.src.de"

@@ -23,9 +23,9 @@ import time
 import sacrebleu
 import torch
 
-from raymt.pipeline.api import Translator
-from raymt.pipeline.bench_reports import SETS, machine, read_lines, write_report
-from raymt.pipeline.stats_tables import markdown_table
+from raymt.pipeline.decoders.api import Translator
+from benchmarks.reports import SETS, machine, read_lines, write_report
+from raymt.pipeline.reports.stats_tables import markdown_table
 
 
 def group(lines: list[str], low: int, high: int) -> list[tuple[int, int]]:

@@ -18,7 +18,7 @@ VAR-STREAM / VAR-STR-FIFO at k=5 and 50; mini-batch / maxi-batch / top-up) on th
 the shortlist on/off x pruning on/off table at beam 14 (``--shortlist``: a lex.s2t or .vmap table,
 built where eflomal runs, e.g. ``python -m raymt.jobs.build_shortlist``; without it, pruning only);
 ``--tables output`` the output step alone: ATen's log-softmax + top-k against the fused Triton
-kernels (workers/triton_ops.py), each against the bytes-moved floor (reading the logits once at the
+kernels (workers/kernels/triton_ops.py), each against the bytes-moved floor (reading the logits once at the
 device's measured copy bandwidth); and one layer's self-attention step: ATen's gathered copy
 against the Triton kernel reading through the ancestry in place, against its floor; and one
 layer's cross-attention step: ATen over the step's longest source (a static step's: the cache's
@@ -45,15 +45,15 @@ import torch
 
 from benchmarks.bench_batching import Run, run_all, systems, table, targets, topup_systems, topup_table
 from benchmarks.kernels import attention_rows, output_step_rows, source_attention_rows
-from raymt.pipeline.bench_reports import SETS, read_lines, write_report
-from raymt.pipeline.stats_tables import markdown_table
+from benchmarks.reports import SETS, read_lines, write_report
+from raymt.pipeline.reports.stats_tables import markdown_table
 from raymt.workers.config import ModelConfig, PruningConfig, SearchConfig
-from raymt.workers.decode_config import DecodeRequest
-from raymt.workers.device import GPU_DEFAULTS, resolve_device
-from raymt.workers.engine import StaticStep
-from raymt.workers.scheduler import Policy, SchedulerConfig
-from raymt.workers.speedups import EXACT, CpuSpeedups
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.decode_config import DecodeRequest
+from raymt.workers.decoder.device import GPU_DEFAULTS, resolve_device
+from raymt.workers.decoder.engine import StaticStep
+from raymt.workers.decoder.scheduler import Policy, SchedulerConfig
+from raymt.workers.kernels.speedups import EXACT, CpuSpeedups
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def hf_runner(model_dir: str, device: torch.device, dtype: torch.dtype):
 
 def ours_runner(translator: CoreDecoder, static: StaticStep | None = None, refill_threshold: float = 0.5):
     """Our engine, top-up batching at a capacity: (lines, beam, capacity) -> (texts, target tokens).
-    ``static``: the one-shape step, captured as a CUDA graph on a GPU (``raymt.workers.engine.StaticStep``)."""
+    ``static``: the one-shape step, captured as a CUDA graph on a GPU (``raymt.workers.decoder.engine.StaticStep``)."""
     tok = translator.checkpoint.tokenizer
 
     def translate(lines: list[str], beam: int, capacity: int) -> tuple[list[str], int]:
@@ -158,8 +158,8 @@ def synthetic_translator(model_dir: str, device: torch.device, speedups: CpuSpee
     target ids) written to ``directory`` with ``model_dir``'s tokenizer files and loaded as any
     checkpoint is (``CoreDecoder.load``): on a GPU it runs the engine's GPU operators (the Triton
     kernels), as the product does."""
-    from raymt.workers.checkpoint import config_from_hf, save_checkpoint
-    from raymt.workers.model import MarianModel
+    from raymt.workers.checkpoints.checkpoint import config_from_hf, save_checkpoint
+    from raymt.workers.model.model import MarianModel
 
     with open(os.path.join(model_dir, "config.json")) as f:
         mc = config_from_hf(json.load(f))
@@ -197,7 +197,7 @@ def search_runs(translator: CoreDecoder, beam: int, n: int, shortlist_path: str 
     topup = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=n, capacity=n)
     runs = [Run("exact", exact, topup), Run("pruning", pruned, topup)]
     if shortlist_path:
-        from raymt.pipeline.shortlist_files import load_shortlist  # (fsspec: installed beside transformers)
+        from raymt.pipeline.decoders.shortlist_files import load_shortlist  # (fsspec: installed beside transformers)
         short = load_shortlist(shortlist_path, translator.checkpoint.tokenizer, top_m=10, top_n=100,
                                special_ids=translator.special_target_ids())
         runs += [Run("shortlist", exact, topup, shortlist=short), Run("shortlist + pruning", pruned, topup, shortlist=short)]

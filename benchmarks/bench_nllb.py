@@ -39,11 +39,11 @@ import torch
 
 from benchmarks.peers import Ct2Translator, PeerRun, in_length_order, rows, run, work_dir
 from raymt.workers.config import SearchConfig
-from raymt.pipeline.alignment import frequency_table
-from raymt.pipeline.shortlist_files import load_shortlist, save_language_tables
-from raymt.workers.shortlist import LanguageShortlists, Shortlist
-from raymt.workers.speedups import EXACT
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.pipeline.decoders.alignment import frequency_table
+from raymt.pipeline.decoders.shortlist_files import load_shortlist, save_language_tables
+from raymt.workers.search.shortlist import LanguageShortlists, Shortlist
+from raymt.workers.kernels.speedups import EXACT
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 logger = logging.getLogger(__name__)
 DATA = Path(os.environ.get("RAYMT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -204,8 +204,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"  {row['system']:<40} {row['tokens_per_s']:>9.1f} tok/s ({row['spread']})  x{row['vs_ours_float32']}"
               f"  {row['target_tokens']} tokens")
     if args.out:
-        from raymt.pipeline.bench_reports import write_report
-        from raymt.pipeline.stats_tables import markdown_table
+        from benchmarks.reports import write_report
+        from raymt.pipeline.reports.stats_tables import markdown_table
         by = {r["system"].split(" (")[0]: r["tokens_per_s"] for r in table}
         pairs = [("ours float32", "CTranslate2 float32"), ("ours int8", "CTranslate2 int8"),
                  ("ours float32 + shortlist", "ours float32"), ("ours float32", "HF generate float32")]

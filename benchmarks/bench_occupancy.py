@@ -4,10 +4,10 @@
     python -m benchmarks.bench_occupancy --lines 200 --sample 40 --capacities 8 --unit-rows 50,0 \\
         --out /tmp/occupancy                                                   # smoke
 
-A static decoder step (``workers/static_step.py``, a CUDA graph on a GPU) costs the same whatever
+A static decoder step (``workers/decoder/static_step.py``, a CUDA graph on a GPU) costs the same whatever
 share of its slots is live, so its throughput is its occupancy: live sentences per step ÷ slots.
 That depends on the scheduler, not on the model, and the scheduler has no torch: this runs the real
-``raymt.workers.scheduler.Scheduler`` over each sentence's decode length, as a decoder actor would see
+``raymt.workers.decoder.scheduler.Scheduler`` over each sentence's decode length, as a decoder actor would see
 the corpus (work units of ``--unit-rows`` rows, each sorted by source length and decoded to its
 end before the next; 0 = the whole corpus as one stream), with the static step's deferred readback
 (a sentence done on the device frees its slot at the next readback only).
@@ -25,10 +25,10 @@ import random
 import sys
 from dataclasses import dataclass
 
-from raymt.pipeline.bench_reports import SETS, read_lines, write_report
-from raymt.pipeline.stats_tables import markdown_table
+from benchmarks.reports import SETS, read_lines, write_report
+from raymt.pipeline.reports.stats_tables import markdown_table
 from raymt.workers.config import SearchConfig
-from raymt.workers.scheduler import Policy, Request, Scheduler, SchedulerConfig, StepOutput
+from raymt.workers.decoder.scheduler import Policy, Request, Scheduler, SchedulerConfig, StepOutput
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +93,8 @@ def simulate(sentences: list[Sentence], *, unit_rows: int, capacity: int, policy
 
 def decode_lengths(model: str, lines: list[str], beam: int) -> list[Sentence]:
     """Each line's source token count and its translation's token count (the model on the CPU)."""
-    from raymt.workers.core_decoder import CoreDecoder  # (torch: only here)
-    from raymt.workers.decode_config import DecodeRequest
+    from raymt.workers.decoder.core_decoder import CoreDecoder  # (torch: only here)
+    from raymt.workers.decoder.decode_config import DecodeRequest
     translator = CoreDecoder.load(model)
     sources = translator.encode(lines)
     hyps = translator.decode_ids(sources, DecodeRequest(SearchConfig(beam_size=beam))).hypotheses

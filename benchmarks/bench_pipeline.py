@@ -22,17 +22,17 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raymt.pipeline.actors import DecoderSettings
-from raymt.pipeline.bench_reports import SETS, read_lines, write_report
-from raymt.pipeline.stats_tables import markdown_table
-from raymt.pipeline.ray_session import init_ray
-from raymt.pipeline.run import PipelineConfig, run_pipeline
-from raymt.pipeline.sink import OutputStore
-from raymt.pipeline.stats_tables import actor_table
-from raymt.pipeline.units import Columns
+from raymt.pipeline.orchestration.actors import DecoderSettings
+from benchmarks.reports import SETS, read_lines, write_report
+from raymt.pipeline.reports.stats_tables import markdown_table
+from raymt.pipeline.orchestration.ray_session import init_ray
+from raymt.pipeline.orchestration.run import PipelineConfig, run_pipeline
+from raymt.pipeline.outputs.sink import OutputStore
+from raymt.pipeline.reports.stats_tables import actor_table
+from raymt.pipeline.orchestration.units import Columns
 from raymt.workers.config import SearchConfig
-from raymt.workers.decode_config import BatchingConfig, DecodeConfig, DecodeRequest, RuntimeConfig
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.decode_config import BatchingConfig, DecodeConfig, DecodeRequest, RuntimeConfig
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 
 def in_process(translator: CoreDecoder, texts: list[str], cfg: SearchConfig) -> tuple[float, int]:
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
           f"## Per-actor stats ({runs[1]['system']})\n", markdown_table(actors), ""]
     write_report(args.out, report, md)
     if args.stats_report:
-        from raymt.pipeline.stats_plots import render
+        from raymt.pipeline.reports.stats_plots import render
         print("stats report:", render(stats, args.out + "-stats", f"Pipeline benchmark: {runs[1]['system']}"))
 
 

@@ -37,8 +37,8 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raymt.pipeline.bench_reports import SETS, read_lines, write_report
-from raymt.pipeline.stats_tables import markdown_table
+from benchmarks.reports import SETS, read_lines, write_report
+from raymt.pipeline.reports.stats_tables import markdown_table
 
 CAP = 256  # CTranslate2's and HF's cap on generated tokens unless --max-tokens
 SYSTEMS = ("job-float32", "job-int8", "op-float32", "op-int8", "ct2-float32", "ct2-int8", "hf-float32")

@@ -15,7 +15,7 @@ import platform
 
 import torch
 
-from raymt.pipeline.alignment import frequency_table, lexical_table
+from raymt.pipeline.decoders.alignment import frequency_table, lexical_table
 from benchmarks.search_variants import (
     SystemRun,
     freitag_rows,
@@ -24,11 +24,11 @@ from benchmarks.search_variants import (
     run_interleaved,
     shortlist_rows,
 )
-from raymt.pipeline.bench_reports import SETS, read_lines, write_report
-from raymt.pipeline.stats_tables import markdown_table
+from benchmarks.reports import SETS, read_lines, write_report
+from raymt.pipeline.reports.stats_tables import markdown_table
 from raymt.workers.config import PruningConfig, SearchConfig
-from raymt.workers.shortlist import Shortlist
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.search.shortlist import Shortlist
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 
 def heuristics(args: argparse.Namespace) -> dict[str, PruningConfig]:

@@ -20,14 +20,14 @@ import random
 import sacrebleu
 import torch
 
-from raymt.pipeline.alignment import lexical_table
+from raymt.pipeline.decoders.alignment import lexical_table
 from benchmarks.search_variants import sentence_coverage
-from raymt.pipeline.bench_reports import SETS, read_lines, write_report
-from raymt.pipeline.stats_tables import markdown_table
+from benchmarks.reports import SETS, read_lines, write_report
+from raymt.pipeline.reports.stats_tables import markdown_table
 from raymt.workers.config import SearchConfig
-from raymt.workers.shortlist import Shortlist
-from raymt.workers.engine import DecodeStats
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.search.shortlist import Shortlist
+from raymt.workers.decoder.engine import DecodeStats
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 
 def evaluate(translator: CoreDecoder, sources: list[str], refs: list[str], cfg: SearchConfig,

@@ -15,7 +15,7 @@ the private part: the shared pages are the object store's, budgeted by Ray on it
 
 Measured (demo model, 2 cores, the defaults above): without ``trim_heap`` after each unit the
 decoders' private RSS rose 12-15% after the warm-up and was still rising at the end (glibc heap
-fragmentation, ``pipeline/heap.py``); with it the level is ~70 MB lower and the rest of the rise is
+fragmentation, ``pipeline/decoders/heap.py``); with it the level is ~70 MB lower and the rest of the rise is
 oneDNN's primitive cache filling: with ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=8`` in the environment the
 curve is flat (+2%) but decoding ~13% slower, so the default capacity stays.
 
@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raymt.pipeline.stats_tables import markdown_table
+from raymt.pipeline.reports.stats_tables import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("RAYMT_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -203,7 +203,7 @@ def job_argv(args: argparse.Namespace, corpus: Path, output: Path) -> list[str]:
 
 def run_job(argv: list[str]):
     from raymt.jobs.translate import build_parser, decode_config, pipeline_config
-    from raymt.pipeline.run import run_pipeline
+    from raymt.pipeline.orchestration.run import run_pipeline
     args = build_parser().parse_args(argv)
     return run_pipeline(pipeline_config(args, decode_config(args)))
 

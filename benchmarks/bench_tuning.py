@@ -19,12 +19,12 @@ import time
 
 import sacrebleu
 
-from raymt.pipeline.bench_reports import SETS, read_lines, write_report
-from raymt.pipeline.stats_tables import markdown_table
+from benchmarks.reports import SETS, read_lines, write_report
+from raymt.pipeline.reports.stats_tables import markdown_table
 from raymt.workers.config import SearchConfig
-from raymt.workers.core_decoder import CoreDecoder
-from raymt.workers.decode_config import DecodeRequest
-from raymt.workers.tuning import TunerConfig
+from raymt.workers.decoder.core_decoder import CoreDecoder
+from raymt.workers.decoder.decode_config import DecodeRequest
+from raymt.workers.decoder.tuning import TunerConfig
 
 
 def timed(translator: CoreDecoder, ids: list[list[int]], cfg: SearchConfig) -> tuple[float, int, list]:

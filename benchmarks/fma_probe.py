@@ -6,7 +6,7 @@ Each thread runs a loop of independent fused multiply-adds on vector registers (
 more than two FMA units x 4 cycles of latency need), nothing from memory; FLOP/s = threads x
 iterations x chains x lanes x 2 / seconds, best of a few windows. Built once with
 ``torch.utils.cpp_extension`` for the same instruction set as the native decode operators
-(``raymt.workers.native``), so an emulated AVX2 run measures the AVX2 peak.
+(``raymt.workers.kernels.native``), so an emulated AVX2 run measures the AVX2 peak.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from raymt.workers.isa import CpuIsa
-from raymt.workers.native import MARCH_FLAGS, build_target
+from raymt.workers.kernels.isa import CpuIsa
+from raymt.workers.kernels.native import MARCH_FLAGS, build_target
 
 SOURCE = r"""
 #include <ATen/Parallel.h>

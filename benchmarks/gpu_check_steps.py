@@ -20,15 +20,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from benchmarks.bench_gpu import hf_runner, measure, ours_runner, rows_of
-from raymt.pipeline.bench_reports import SETS, read_lines
+from benchmarks.reports import SETS, read_lines
 from raymt.workers.config import SearchConfig
-from raymt.workers.decode_config import DecodeRequest
-from raymt.workers.device import GPU_DEFAULTS
-from raymt.workers.isa import bf16_refusal, detect
-from raymt.workers.scheduler import Policy, SchedulerConfig
-from raymt.workers.speedups import EXACT, CpuSpeedups
-from raymt.workers.static_step import StaticStep
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.decode_config import DecodeRequest
+from raymt.workers.decoder.device import GPU_DEFAULTS
+from raymt.workers.kernels.isa import bf16_refusal, detect
+from raymt.workers.decoder.scheduler import Policy, SchedulerConfig
+from raymt.workers.kernels.speedups import EXACT, CpuSpeedups
+from raymt.workers.decoder.static_step import StaticStep
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 DEMO = "models/demo-de-en"
 BLEU_TOLERANCE = 0.5  # |bf16 - fp32| BLEU points

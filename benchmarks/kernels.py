@@ -1,5 +1,5 @@
 """The GPU benchmark's kernel tables (``python -m benchmarks.bench_gpu --tables output``): one decoder
-operator at a time, ATen's against the Triton kernel's (``workers/triton_ops.py``), each against the
+operator at a time, ATen's against the Triton kernel's (``workers/kernels/triton_ops.py``), each against the
 floor of the bytes it must move at the device's measured copy bandwidth. Runs on any device (CUDA
 events on a GPU; the Triton rows only where it runs kernels)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from raymt.workers.step_ops import ATEN
+from raymt.workers.model.step_ops import ATEN
 
 
 def device_seconds(device: torch.device, fn, repeats: int) -> float:
@@ -42,7 +42,7 @@ def output_step_rows(device: torch.device, vocab: int, row_counts: list[int], k:
     """The output step alone, (N, vocab) logits -> each row's k best log-probs: ATen (float32 copy,
     log_softmax, <pad> ban, topk) and the fused Triton kernels, float32 and bf16 logits, against the
     floor of reading the logits once -> (rows, the device's copy bandwidth in bytes/s)."""
-    from raymt.workers import triton_ops  # (imports Triton where it is installed)
+    from raymt.workers.kernels import triton_ops  # (imports Triton where it is installed)
 
     bandwidth = copy_bandwidth(device)
     kernels = {"aten": lambda x: ATEN.row_top(x, k, 0)}
@@ -68,8 +68,8 @@ def attention_rows(device: torch.device, model: torch.nn.Module, row_counts: lis
     reading in place, over the step's history (the dynamic step: t = history) and over the cache's
     whole ``capacity`` (the static step: ATen reads it all, the kernel each row's own prefix). The
     floor: each row's K and V prefix read once, at the device's copy bandwidth."""
-    from raymt.workers import triton_ops
-    from raymt.workers.step_ops import attend, gather_history
+    from raymt.workers.kernels import triton_ops
+    from raymt.workers.model.step_ops import attend, gather_history
 
     sa = model.model.decoder.layers[0].self_attn
     h, d, dtype = sa.num_heads, sa.head_dim, next(model.parameters()).dtype
@@ -107,8 +107,8 @@ def source_attention_rows(device: torch.device, model: torch.nn.Module, slot_cou
     longest source ``s``, padding masked: ``s`` = length for the dynamic step, the whole capacity for
     the static one) against the Triton kernel reading each row's own source. The floor: each slot's
     K and V read once, at the device's copy bandwidth."""
-    from raymt.workers import triton_ops
-    from raymt.workers.cache import KVCache
+    from raymt.workers.kernels import triton_ops
+    from raymt.workers.model.cache import KVCache
 
     ca = model.model.decoder.layers[0].encoder_attn
     h, d, dtype = ca.num_heads, ca.head_dim, next(model.parameters()).dtype

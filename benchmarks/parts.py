@@ -45,12 +45,12 @@ from benchmarks.flops import flops_by_part
 from benchmarks.fma_probe import isa_peak
 from benchmarks.peers import OursDecoders, PeerRun, Split, ctranslate2_system, run
 from benchmarks.shapes import SHAPES, Shape, build
-from raymt.pipeline.bench_reports import SETS, read_lines, write_report
-from raymt.pipeline.stats_tables import markdown_table
+from benchmarks.reports import SETS, read_lines, write_report
+from raymt.pipeline.reports.stats_tables import markdown_table
 from raymt.workers.config import SearchConfig
-from raymt.workers.core_decoder import CoreDecoder
-from raymt.workers.isa import detect as detect_isa
-from raymt.workers.speedups import EXACT
+from raymt.workers.decoder.core_decoder import CoreDecoder
+from raymt.workers.kernels.isa import detect as detect_isa
+from raymt.workers.kernels.speedups import EXACT
 
 SYSTEMS = ("ours-exact", "ours+int8", "ct2-float32", "ct2-int8")
 SMALL_VOCAB = 8001
@@ -136,9 +136,9 @@ def kernel_rates(shape: Shape, rows: int, threads: int, seconds: float = 0.5) ->
     float32 ``PackedLinear`` (the native ``small_linear`` where it is built) and ``Int8Linear``
     (FBGEMM; activations quantised per call, the output dequantised): what int8 can gain per product."""
     from benchmarks.peers import _best_rate
-    from raymt.workers.native import load
-    from raymt.workers.packed_linear import PackedLinear
-    from raymt.workers.speedups import Int8Linear
+    from raymt.workers.kernels.native import load
+    from raymt.workers.model.packed_linear import PackedLinear
+    from raymt.workers.kernels.speedups import Int8Linear
 
     kernels, previous = load(), torch.get_num_threads()
     torch.set_num_threads(threads)

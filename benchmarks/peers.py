@@ -31,11 +31,11 @@ import torch
 
 from benchmarks.ct2_process import Ct2Process
 from raymt.workers.config import SearchConfig
-from raymt.workers.engine import DecodeStats
-from raymt.workers.scheduler import SchedulerConfig
-from raymt.workers.shortlist import Shortlist
-from raymt.workers.speedups import CpuSpeedups
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.engine import DecodeStats
+from raymt.workers.decoder.scheduler import SchedulerConfig
+from raymt.workers.search.shortlist import Shortlist
+from raymt.workers.kernels.speedups import CpuSpeedups
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 logger = logging.getLogger(__name__)
 Translate = Callable[[list[str]], list[str]]
@@ -149,7 +149,7 @@ def _load_decoder(model_dir: str, threads: int, speedups: CpuSpeedups, shortlist
     global _decoder, _shortlist
     _decoder = CoreDecoder.load(model_dir, threads=threads, speedups=speedups)
     if shortlist is not None:
-        from raymt.pipeline.shortlist_files import load_shortlist
+        from raymt.pipeline.decoders.shortlist_files import load_shortlist
 
         url, top_m, top_n = shortlist
         _shortlist = load_shortlist(url, _decoder.checkpoint.tokenizer, top_m=top_m, top_n=top_n,

@@ -19,11 +19,11 @@ import torch
 from torch import Tensor
 
 from raymt.workers.config import PruningConfig, SearchConfig
-from raymt.workers.decode_config import DecodeRequest
-from raymt.workers.engine import DecodeStats
-from raymt.workers.search import NEG_INF, RowTop, force_eos_rows
-from raymt.workers.shortlist import Shortlist, coverage
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.decode_config import DecodeRequest
+from raymt.workers.decoder.engine import DecodeStats
+from raymt.workers.search.selection import NEG_INF, RowTop, force_eos_rows
+from raymt.workers.search.shortlist import Shortlist, coverage
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 
 @dataclass
@@ -118,7 +118,7 @@ def output_layer_rows(translator: CoreDecoder, *, rows: tuple[int, ...] = (5, 40
     """
     import torch
 
-    from raymt.workers.search import row_top_log_probs
+    from raymt.workers.search.selection import row_top_log_probs
 
     model = translator.checkpoint.model
     pad = model.config.pad_token_id

@@ -32,7 +32,7 @@ def _split(event: FunctionEvent) -> tuple[float, float, list[FunctionEvent]]:
         if child.name in PHASES:
             nested.append(child)
             exclusive -= child.cpu_time_total
-        elif child.name.startswith(("aten::", "mkldnn::", "quantized::", "raymt::")):  # raymt: workers/native.py
+        elif child.name.startswith(("aten::", "mkldnn::", "quantized::", "raymt::")):  # raymt: workers/kernels/native.py
             ops += child.cpu_time_total  # its own children are its kernels: counted once here
         else:
             stack.extend(child.cpu_children)

@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str):
     if name == "Translator":  # imported on first use: ``import raymt`` stays light
-        from raymt.pipeline.api import Translator
+        from raymt.pipeline.decoders.api import Translator
         return Translator
     raise AttributeError(f"module 'raymt' has no attribute {name!r}")
 

@@ -31,8 +31,8 @@ def shared_path(*parts: str) -> Path:
 
 @pytest.fixture(scope="session")
 def native_kernels():
-    """The native decode operators (``torch.ops.raymt``, workers/native.py), or a skip where they cannot be built."""
-    from raymt.workers.native import load
+    """The native decode operators (``torch.ops.raymt``, workers/kernels/native.py), or a skip where they cannot be built."""
+    from raymt.workers.kernels.native import load
 
     kernels = load()
     if kernels is None:

@@ -39,7 +39,7 @@ def test_the_parts_are_packages_and_the_top_level_folders_link_to_them():
 def test_a_type_checker_resolves_every_raymt_import():
     pytest.importorskip("mypy", reason="mypy is in the test extra (pip install -e '.[test]')")
     modules = raymt_imports()
-    assert len(modules) > 50 and "raymt.workers.engine" in modules and "raymt.jobs.translate" in modules
+    assert len(modules) > 50 and "raymt.workers.decoder.engine" in modules and "raymt.jobs.translate" in modules
     run = subprocess.run([sys.executable, "-m", "mypy", "--follow-imports=skip", "--cache-dir", "/dev/null",
                           "--no-error-summary", "-c", "import " + ", ".join(modules)],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -15,10 +15,10 @@ import sentencepiece as spm
 import torch
 from safetensors.torch import load_file, save_file
 
-from raymt.workers.checkpoint import save_checkpoint, unique_state
+from raymt.workers.checkpoints.checkpoint import save_checkpoint, unique_state
 from raymt.workers.config import ModelConfig
-from raymt.workers.model import MarianModel
-from raymt.workers.tokenizer import MarianTokenizer
+from raymt.workers.model.model import MarianModel
+from raymt.workers.text.tokenizer import MarianTokenizer
 from tools.training import (
     TrainConfig,
     average_states,
@@ -163,7 +163,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     import sacrebleu
 
     from raymt.workers.config import SearchConfig
-    from raymt.workers.core_decoder import CoreDecoder
+    from raymt.workers.decoder.core_decoder import CoreDecoder
 
     translator = CoreDecoder.load(args.out, threads=args.threads)
     scores = {}

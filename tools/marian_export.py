@@ -1,4 +1,4 @@
-"""Write an HF Marian directory out as a Marian checkpoint directory (the inverse of workers/marian_npz.py).
+"""Write an HF Marian directory out as a Marian checkpoint directory (the inverse of workers/checkpoints/marian_npz.py).
 
     python -m tools.marian_export models/demo-de-en /tmp/demo-marian [--spm-vocab]
 
@@ -17,7 +17,7 @@ import shutil
 import numpy as np
 from safetensors.numpy import load_file
 
-from raymt.workers.marian_npz import BIAS_KEY, CONFIG_KEY, LAYER_NAMES
+from raymt.workers.checkpoints.marian_npz import BIAS_KEY, CONFIG_KEY, LAYER_NAMES
 
 HF_ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu"}
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from safetensors.torch import save_file
 
-from raymt.workers.checkpoint import config_from_hf, local_reader, read_weights
+from raymt.workers.checkpoints.checkpoint import config_from_hf, local_reader, read_weights
 
 DEFAULT_WORDS = 58101  # Helsinki-NLP/opus-mt-de-en's vocabulary
 UNREACHABLE = -1e4  # a new word's logit bias: never among a search's candidates

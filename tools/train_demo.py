@@ -25,7 +25,7 @@ from tools.demo_training import (
     write_model_card,
 )
 from raymt.workers.config import ModelConfig
-from raymt.workers.tokenizer import MarianTokenizer
+from raymt.workers.text.tokenizer import MarianTokenizer
 from tools.training import TrainConfig
 
 

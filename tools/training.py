@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from raymt.workers.batch import Batch, collate  # noqa: F401  (collate: the training loop's batches)
-from raymt.workers.model import MarianModel
+from raymt.workers.model.batch import Batch, collate  # noqa: F401  (collate: the training loop's batches)
+from raymt.workers.model.model import MarianModel
 
 
 @dataclass(frozen=True, slots=True)

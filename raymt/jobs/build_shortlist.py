@@ -25,17 +25,17 @@ import logging
 import random
 import time
 
-from raymt.pipeline.alignment import SPACES, frequency_table, lexical_table
-from raymt.pipeline.corpus import read_corpus
+from raymt.pipeline.decoders.alignment import SPACES, frequency_table, lexical_table
+from raymt.pipeline.inputs.corpus import read_corpus
 from raymt.pipeline.extras import MissingExtra, require, require_for_url
 from raymt.pipeline.hub import HubError
-from raymt.pipeline.shortlist_files import VMAP_TOP_M, VMAP_TOP_N, save_language_tables, save_table
+from raymt.pipeline.decoders.shortlist_files import VMAP_TOP_M, VMAP_TOP_N, save_language_tables, save_table
 from raymt.pipeline.storage import model_reader
 from raymt.workers.config import SearchConfig
-from raymt.workers.decode_config import DEFAULTS
-from raymt.workers.lang_tokenizer import LanguageError, LanguageTokenizer
-from raymt.workers.core_decoder import CoreDecoder
-from raymt.workers.shortlist import MAX_PER_SOURCE
+from raymt.workers.decoder.decode_config import DEFAULTS
+from raymt.workers.text.lang_tokenizer import LanguageError, LanguageTokenizer
+from raymt.workers.decoder.core_decoder import CoreDecoder
+from raymt.workers.search.shortlist import MAX_PER_SOURCE
 
 
 SELF_BUILT_SAMPLE = 10_000  # lines translated for a self-built table unless --sample says otherwise

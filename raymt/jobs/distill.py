@@ -1,5 +1,5 @@
 """Sequence-level knowledge-distillation data: translate a corpus with the teacher on Ray and write
-training-ready Parquet (every row kept, filters recorded as columns; see pipeline/distill_columns.py).
+training-ready Parquet (every row kept, filters recorded as columns; see pipeline/outputs/distill_columns.py).
 
     python -m raymt.jobs.distill --model models/demo-de-en --input train.parquet --text-column de \\
         --target-column en --output out/distill --nbest 4 --token-logprobs
@@ -18,9 +18,9 @@ import json
 import logging
 
 from raymt.jobs.translate import JOB_ERRORS, build_parser, decode_config, interrupted, model_generation, pipeline_config
-from raymt.workers.generation import UnsupportedGeneration
-from raymt.pipeline.distill_columns import Filters, write_distilled
-from raymt.pipeline.run import run_pipeline
+from raymt.workers.checkpoints.generation import UnsupportedGeneration
+from raymt.pipeline.outputs.distill_columns import Filters, write_distilled
+from raymt.pipeline.orchestration.run import run_pipeline
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from raymt.workers.decode_config import DEFAULTS
+from raymt.workers.decoder.decode_config import DEFAULTS
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +42,8 @@ def environment_lines() -> list[str]:
 
 
 def device_lines() -> list[str]:
-    from raymt.workers.isa import detect
-    from raymt.workers.native import build_target
+    from raymt.workers.kernels.isa import detect
+    from raymt.workers.kernels.native import build_target
 
     isa = detect()
     lines = [f"device: cpu ({os.cpu_count()} cores); ISA {isa.describe()}; native target {build_target(isa)}"]
@@ -57,7 +57,7 @@ def device_lines() -> list[str]:
 
 def kernel_lines(build: bool) -> list[str]:
     """The CPU decoder's kernels (and the GPU's, where there is one); loads only what is already built."""
-    from raymt.workers import native
+    from raymt.workers.kernels import native
 
     if build or not native.plan().startswith("native (built on first use"):
         native.load()  # an installed or cached build is loaded (checked); a build only with --build
@@ -69,7 +69,7 @@ def kernel_lines(build: bool) -> list[str]:
         built = ", ".join(manifest.get("libraries", {})) or "none"
         lines.append(f"installed builds: {built} (for torch {manifest.get('torch')}, Python {manifest.get('python')})")
     if torch.cuda.is_available():
-        from raymt.workers.triton_ops import available
+        from raymt.workers.kernels.triton_ops import available
         lines.append(f"kernels (gpu): {'Triton' if available() else 'ATen (Triton is not installed: pip install raymt[gpu])'}")
     return lines
 
@@ -77,7 +77,7 @@ def kernel_lines(build: bool) -> list[str]:
 def thread_lines(threads: int) -> list[str]:
     if threads:
         return [f"threads: {threads} per decoder (--threads)"]
-    from raymt.pipeline.settings import ACTOR_THREADS
+    from raymt.pipeline.orchestration.settings import ACTOR_THREADS
 
     line = f"threads: {os.cpu_count() or 1} in this process (a small job, --in-process: all cores), {ACTOR_THREADS} " \
            "per decoder actor on Ray (--threads)"

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 
 from raymt.pipeline.extras import MissingExtra, require
-from raymt.pipeline.sink import OutputStore
-from raymt.pipeline.stats_plots import render, summary
+from raymt.pipeline.outputs.sink import OutputStore
+from raymt.pipeline.reports.stats_plots import render, summary
 
 
 def report(output: str, out: str | None = None, title: str | None = None) -> tuple[str, str]:

@@ -28,7 +28,7 @@ discards the old output; a rerun that leaves ``--unit-rows`` out keeps the outpu
 local or fsspec URLs (``s3://``; endpoint and credentials from the AWS environment variables).
 
 Decoding on a GPU (``--gpus-per-decoder 1`` or ``--device cuda``), the batching flags left out take
-the GPU's defaults (``workers/device.py``; each flag's help gives both): more slots, fitted to free
+the GPU's defaults (``workers/decoder/device.py``; each flag's help gives both): more slots, fitted to free
 memory, the static step, an earlier refill, larger work units.
 """
 from __future__ import annotations
@@ -48,35 +48,35 @@ import torch
 
 from raymt.jobs.translate_flags import build_parser as _build_parser
 from raymt.jobs.translate_flags import device_name  # noqa: F401  (the --device type, re-exported)
-from raymt.pipeline.dispatch import Health
+from raymt.pipeline.orchestration.dispatch import Health
 from raymt.pipeline.errors import JobStopped, os_error_line
 from raymt.pipeline.extras import MissingExtra, require
-from raymt.pipeline.guards import OutputRefused
+from raymt.pipeline.outputs.guards import OutputRefused
 from raymt.pipeline.hub import HubError, hub_id
-from raymt.pipeline.driver import DecodersUnavailable, ResourcesUnavailable
-from raymt.pipeline.ledger import OutputBusy, PlanMismatch
-from raymt.pipeline.model_check import ModelError
-from raymt.pipeline.ray_session import stop_ray
-from raymt.pipeline.run import PipelineConfig, PipelineResult, UnitsFailed, run_pipeline
-from raymt.pipeline.settings import DecoderSettings, PartColumns
-from raymt.pipeline.shortlist_files import shortlist_for
-from raymt.pipeline.sink import OutputStore
-from raymt.pipeline.stats_tables import actor_table, markdown_table
+from raymt.pipeline.orchestration.driver import DecodersUnavailable, ResourcesUnavailable
+from raymt.pipeline.outputs.ledger import OutputBusy, PlanMismatch
+from raymt.pipeline.decoders.model_check import ModelError
+from raymt.pipeline.orchestration.ray_session import stop_ray
+from raymt.pipeline.orchestration.run import PipelineConfig, PipelineResult, UnitsFailed, run_pipeline
+from raymt.pipeline.orchestration.settings import DecoderSettings, PartColumns
+from raymt.pipeline.decoders.shortlist_files import shortlist_for
+from raymt.pipeline.outputs.sink import OutputStore
+from raymt.pipeline.reports.stats_tables import actor_table, markdown_table
 from raymt.pipeline.storage import model_reader, storage_options
-from raymt.pipeline.stream import STDIO, translate_stream
-from raymt.pipeline.units import Columns, InputError
+from raymt.pipeline.orchestration.stream import STDIO, translate_stream
+from raymt.pipeline.orchestration.units import Columns, InputError
 from raymt.workers.config import FAST_PRUNING, NUM_SAMPLES, PruningConfig, SamplingConfig, SearchConfig
-from raymt.workers.decode_config import (DEFAULTS, BatchingConfig, DecodeConfig, RuntimeConfig, ShortlistSource,
+from raymt.workers.decoder.decode_config import (DEFAULTS, BatchingConfig, DecodeConfig, RuntimeConfig, ShortlistSource,
                                          batching_for)
-from raymt.workers.device import DeviceUnavailable, on_gpu
-from raymt.workers.generation import (GenerationDefaults, UnsupportedGeneration, effective_search, language_code,
+from raymt.workers.decoder.device import DeviceUnavailable, on_gpu
+from raymt.workers.checkpoints.generation import (GenerationDefaults, UnsupportedGeneration, effective_search, language_code,
                                       read_generation)
-from raymt.workers.isa import bf16_refusal, detect as detect_isa
-from raymt.workers.lang_tokenizer import LanguageError, load_language_tokenizer
-from raymt.workers.native import kernels_summary
-from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig
-from raymt.workers.speedups import EXACT, CpuSpeedups, precision_refusal
-from raymt.workers.static_step import StaticStep
+from raymt.workers.kernels.isa import bf16_refusal, detect as detect_isa
+from raymt.workers.text.lang_tokenizer import LanguageError, load_language_tokenizer
+from raymt.workers.kernels.native import kernels_summary
+from raymt.workers.decoder.scheduler import CapacityUnit, Policy, SchedulerConfig
+from raymt.workers.kernels.speedups import EXACT, CpuSpeedups, precision_refusal
+from raymt.workers.decoder.static_step import StaticStep
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def sampling_config(args: argparse.Namespace) -> SamplingConfig | None:
 
 def model_generation(args: argparse.Namespace) -> GenerationDefaults | None:
     """The generation settings the search flags apply over: an M2M100 / NLLB model's own
-    (``raymt.workers.generation``: what HF ``generate`` runs on that directory), else None: the
+    (``raymt.workers.checkpoints.generation``: what HF ``generate`` runs on that directory), else None: the
     product's (a Marian model, or one that cannot be read here: the job names what is wrong with it).
     A target language the model's settings force (``forced_bos_token_id``) becomes ``--target-lang``'s
     default. Settings the decoder does not implement raise ``UnsupportedGeneration``."""
@@ -293,7 +293,7 @@ def run(args: argparse.Namespace, decode: DecodeConfig) -> None:
 
 
 def run_stream(args: argparse.Namespace, decode: DecodeConfig, start: float) -> None:
-    """``--input -`` / ``--output -``: the lines translated in this process, no Ray (``pipeline/stream.py``);
+    """``--input -`` / ``--output -``: the lines translated in this process, no Ray (``pipeline/orchestration/stream.py``);
     standard output carries only translations, the summary goes to standard error."""
     if args.evaluate or args.report:
         raise SystemExit("error: --evaluate and --report need a file or directory --output, not a stream ('-')")

@@ -2,11 +2,11 @@
 input, output, beam, n-best, device, decoders, threads), then input columns, search, precision,
 shortlist, scheduling and batching, the Ray cluster and fault tolerance; research knobs (beam
 pruning, VAR-STREAM's refill) last. Every decoding default is read from
-``raymt.workers.decode_config``'s one table, the one ``Translator`` decodes with too, and every
+``raymt.workers.decoder.decode_config``'s one table, the one ``Translator`` decodes with too, and every
 cluster and fault default from the pipeline's configs (``PipelineConfig``, ``Health``), the ones
 the driver runs with. The search flags (``--beam-size``, the length flags, ``--length-penalty``,
 ``--early-stopping``) default to None, so that a flag left out takes an M2M100 / NLLB model's own
-generation setting (``raymt.workers.generation``) and a flag given wins.
+generation setting (``raymt.workers.checkpoints.generation``) and a flag given wins.
 """
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ import argparse
 import dataclasses
 import re
 
-from raymt.pipeline.dispatch import Health
-from raymt.pipeline.settings import ACTOR_THREADS, PipelineConfig
-from raymt.pipeline.units import CPU_UNIT_ROWS, GPU_UNIT_ROWS, GPU_UNIT_SHARE, MIN_UNIT_ROWS
-from raymt.pipeline.workunit import Columns
+from raymt.pipeline.orchestration.dispatch import Health
+from raymt.pipeline.orchestration.settings import ACTOR_THREADS, PipelineConfig
+from raymt.pipeline.orchestration.units import CPU_UNIT_ROWS, GPU_UNIT_ROWS, GPU_UNIT_SHARE, MIN_UNIT_ROWS
+from raymt.pipeline.inputs.workunit import Columns
 from raymt.workers.config import (FAST_PRUNING, MAX_BEAM_SIZE, MAX_SAMPLING_TEMPERATURE, MIN_SAMPLING_TEMPERATURE,
                                   NUM_SAMPLES, SamplingConfig)
-from raymt.workers.decode_config import DEFAULTS, SCHEDULE, SHORTLIST
-from raymt.workers.device import CPU_DEFAULTS, CPU_INT8_AMX_DEFAULTS, GPU_DEFAULTS
-from raymt.workers.scheduler import CapacityUnit, Policy
+from raymt.workers.decoder.decode_config import DEFAULTS, SCHEDULE, SHORTLIST
+from raymt.workers.decoder.device import CPU_DEFAULTS, CPU_INT8_AMX_DEFAULTS, GPU_DEFAULTS
+from raymt.workers.decoder.scheduler import CapacityUnit, Policy
 
 SEARCH = DEFAULTS.search
 SAMPLING = SamplingConfig()
@@ -129,7 +129,7 @@ def add_input_flags(g) -> None:
 
 def add_search_flags(g) -> None:
     """Every search flag left out takes the model's own generation setting (an M2M100 / NLLB directory's
-    generation_config.json, ``workers/generation.py``), else the product's default (None: not given)."""
+    generation_config.json, ``workers/checkpoints/generation.py``), else the product's default (None: not given)."""
     g.add_argument("--length-penalty", type=float,
                    help=f"score / length ** penalty (HF semantics); default: {GENERATION}, else "
                         f"{SEARCH.length_penalty}")
@@ -188,7 +188,7 @@ def add_batching_flags(g) -> None:
     g.add_argument("--max-batch-size", type=int, help="sentences per decoding batch (the streaming slots); default "
                    f"{CPU_DEFAULTS.max_batch_size} on the CPU ({CPU_INT8_AMX_DEFAULTS.max_batch_size} for --int8 on "
                    f"AMX tiles), {GPU_DEFAULTS.max_batch_size} on a GPU, fitted there to free memory "
-                   "(workers/device.py)")
+                   "(workers/decoder/device.py)")
     g.add_argument("--batching", choices=["auto", "batch", *[x.value for x in Policy]], default="auto",
                    help="batch: length-sorted batches decoded to the end; otherwise that streaming policy. auto: "
                         "topup (1.2x batch on WMT22's long-tailed lengths), or batch with --shortlist or "

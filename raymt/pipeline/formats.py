@@ -7,7 +7,7 @@ Inputs (the name's last suffix after a compression suffix decides):
     .jsonl / .ndjson          a JSON object a line (--text-column / --text-field, default ``text``)
     .csv                      a header record naming the columns, then a record a row (--text-column,
                               --id-column, --reference-column; quoted fields may hold newlines):
-                              ``pipeline/csvfiles.py``
+                              ``pipeline/inputs/csvfiles.py``
     .tsv                      tab-separated columns, the text in --column N (1-based, as ``cut -f``)
     anything else             plain text, a sentence a line
     + .gz .bz2 .xz .zst       the text formats compressed (Parquet compresses inside the file)

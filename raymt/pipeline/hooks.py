@@ -7,7 +7,7 @@ imported once per process, at its first point, and an import error is raised the
 ordinary job, a point costs one environment lookup.
 
 The variable travels to every Ray worker with the job's runtime environment
-(``pipeline/ray_session.py``), together with the variables the module lists in its optional
+(``pipeline/orchestration/ray_session.py``), together with the variables the module lists in its optional
 ``ENV`` tuple, so a hook reads the same settings in an actor as in the driver. The module must be
 importable on every node (Ray puts the driver's working directory on its workers' path).
 

@@ -17,7 +17,7 @@ naming the id and, where the files are not in the cache, the cache.
 A resolved model is pinned to a commit, whose files never change: ``ref`` (``org/name@<commit>``)
 names the same bytes on every machine, and a plan names its files ``hf://org/name@<commit>/<file>``
 (``url``) whatever a machine's cache path. On Ray the driver resolves the id once, before planning
-(``pipeline/run.py``; a resumed output keeps the commit its plan recorded), and each node fetches
+(``pipeline/orchestration/run.py``; a resumed output keeps the commit its plan recorded), and each node fetches
 that commit into its own cache when an encoder or decoder actor starts (``pipeline/storage.py``
 ``model_reader``), the plan's SHA-256 pins checking every byte a decoder loads. Per-node fetching
 is chosen over the driver staging the files into the output's store: a node's cache outlives the
@@ -40,14 +40,14 @@ logger = logging.getLogger(__name__)
 HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*)"
                     r"(?:@(?P<revision>[A-Za-z0-9][A-Za-z0-9_./-]*))?$")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
-ALLOW_PATTERNS = (  # what the loaders read (pipeline/ledger.py MODEL_FILES and the tokenizers' own files)
+ALLOW_PATTERNS = (  # what the loaders read (pipeline/outputs/ledger.py MODEL_FILES and the tokenizers' own files)
     "config.json", "generation_config.json", "model.safetensors", "pytorch_model.bin",
     "source.spm", "target.spm", "vocab.json", "target_vocab.json",  # Marian / OPUS-MT
     "sentencepiece.bpe.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",  # M2M100 / NLLB
     "decoder.yml", "*.npz", "*.yml", "*.spm",  # a Marian .npz directory (decoder.yml names its model and vocabularies)
 )
 IGNORE_PATTERNS = ("*/*", "*.optimizer.npz")  # subfolders (onnx/, ...), Marian's optimizer state
-WORKER_VARS = ("HF_TOKEN", "HF_ENDPOINT")  # passed to Ray's workers (pipeline/run.py); caches are each node's own
+WORKER_VARS = ("HF_TOKEN", "HF_ENDPOINT")  # passed to Ray's workers (pipeline/orchestration/run.py); caches are each node's own
 
 
 class HubError(ValueError):

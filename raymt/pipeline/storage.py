@@ -39,12 +39,12 @@ class ModelChanged(JobStopped):
 
 
 def model_reader(url: str | ResolvedModel, pins: tuple[tuple[str, str], ...] = ()) -> Callable[[str], bytes | None]:
-    """A ``reader(name) -> bytes | None`` over the checkpoint at ``url`` (for raymt.workers.checkpoint): an HF
-    directory as it is, a Marian .npz directory served as one (``raymt.workers.model_formats.open_model``);
+    """A ``reader(name) -> bytes | None`` over the checkpoint at ``url`` (for raymt.workers.checkpoints.checkpoint): an HF
+    directory as it is, a Marian .npz directory served as one (``raymt.workers.checkpoints.model_formats.open_model``);
     a Hugging Face hub id is fetched into this machine's hub cache first (``pipeline/hub.py``).
     ``pins`` are (file name, SHA-256) pairs: a file read whose bytes hash otherwise stops the job
     (``ModelChanged``), so no decoder ever loads a model other than the one the plan recorded."""
-    from raymt.workers.model_formats import open_model  # (torch: only where a model is read)
+    from raymt.workers.checkpoints.model_formats import open_model  # (torch: only where a model is read)
     path = (url if isinstance(url, ResolvedModel) else resolve_model(url)).path
     return open_model(_pinned(directory_reader(path), path, dict(pins)), path)
 
@@ -150,3 +150,11 @@ def retrying(action: Callable[[], object], what: str, attempts: int = 4, first_w
             logging.getLogger(__name__).warning("%s failed (%s: %s): again in %.1fs", what, type(e).__name__, e, wait)
             time.sleep(wait)
     raise AssertionError("unreachable")
+
+def file_version(url: str) -> dict:
+    """Path, size and version (mtime, or the object's ETag) of one file; cheap (metadata only)."""
+    fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
+    fs.invalidate_cache(path)  # object-store listings are cached: the version must be read now
+    info = fs.info(path)
+    version = info.get("ETag") or info.get("mtime") or info.get("LastModified") or info.get("last_modified") or ""
+    return {"path": url, "size": int(info.get("size") or 0), "version": str(version)}

@@ -8,14 +8,14 @@ import numbers
 from dataclasses import asdict, dataclass
 
 ACTIVATIONS = ("swish", "silu", "relu", "gelu", "gelu_new")
-POSITION_STYLES = ("marian", "fairseq")  # sinusoidal tables: Marian's, or M2M100's (fairseq's; workers/model.py)
+POSITION_STYLES = ("marian", "fairseq")  # sinusoidal tables: Marian's, or M2M100's (fairseq's; workers/model/model.py)
 
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """Shape of a Marian transformer, as HF ``MarianConfig`` describes it, or of its M2M100 / NLLB-200
     variant (``normalize_before``, ``final_layer_norms``, ``position_style="fairseq"``: HF
-    ``M2M100Config``, built by ``workers/m2m100.py``); the defaults are Marian's."""
+    ``M2M100Config``, built by ``workers/checkpoints/m2m100.py``); the defaults are Marian's."""
 
     vocab_size: int  # source (and shared) vocabulary
     decoder_vocab_size: int  # target vocabulary (== vocab_size when shared)
@@ -102,7 +102,7 @@ FAST_PRUNING = PruningConfig(rp=0.6)
 MIN_SAMPLING_TEMPERATURE = 1e-4
 MAX_SAMPLING_TEMPERATURE = 1e4
 # The widest beam, and the most samples a sentence draws: one sentence holds beam_size rows of
-# self-attention K/V and of step logits (``workers/tuning.bytes_per_sentence``), about 2 MB a row for a
+# self-attention K/V and of step logits (``workers/decoder/tuning.bytes_per_sentence``), about 2 MB a row for a
 # Marian base model (6 layers, d_model 512, 58k vocabulary) at 60 target tokens, 2 GB at this cap; it
 # covers the thousand-odd samples minimum-Bayes-risk decoding draws and large-beam studies search.
 MAX_BEAM_SIZE = 1024
@@ -117,7 +117,7 @@ class SamplingConfig:
     softmax(log-probs / temperature) restricted to the ``topk`` most likely tokens (0: all) and then
     to the smallest set of them holding ``topp`` of the mass (1: all). A draw is a function of
     ``seed``, the sentence's source ids and target language, its lane and its step
-    (``raymt.workers.sampling``): the same whichever sentences share its steps, however a job is cut
+    (``raymt.workers.search.sampling``): the same whichever sentences share its steps, however a job is cut
     into units, and on a resume (up to float rounding of the probabilities between batch shapes: a
     draw within ~1e-6 of the boundary between two tokens may take the neighbouring one)."""
 
@@ -149,8 +149,8 @@ class SearchConfig:
     ``min(max_decoding_length, int(max_length_a * source_length + max_length_b))``.
     ``length_penalty`` is HF/Marian's alpha: a hypothesis scores ``sum_logprob / length**alpha``.
     These defaults are the product's: the command line's flags, ``Translator.translate`` and the
-    jobs all decode with them (``raymt.workers.decode_config.DEFAULTS``), an M2M100 / NLLB directory
-    with its own generation settings over them (``workers/generation.py``).
+    jobs all decode with them (``raymt.workers.decoder.decode_config.DEFAULTS``), an M2M100 / NLLB directory
+    with its own generation settings over them (``workers/checkpoints/generation.py``).
     """
 
     beam_size: int = 5

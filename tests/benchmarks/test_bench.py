@@ -8,7 +8,7 @@ import pytest
 from benchmarks.bench import main
 from benchmarks.flops import decoder_flops_per_row_step, flops_per_target_token
 from raymt.workers.config import ModelConfig
-from raymt.workers.isa import bf16_refusal, detect
+from raymt.workers.kernels.isa import bf16_refusal, detect
 from tests.conftest import SHARED_DATA, shared_path
 
 
@@ -91,7 +91,7 @@ def test_flop_formula_counts_what_the_model_multiplies():
     from torch.utils.flop_counter import FlopCounterMode
 
     from benchmarks.flops import encoder_flops_per_source_token
-    from raymt.workers.model import MarianModel
+    from raymt.workers.model.model import MarianModel
 
     cfg = ModelConfig(vocab_size=301, decoder_vocab_size=301, d_model=64, encoder_layers=2, decoder_layers=3,
                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=256,
@@ -119,7 +119,7 @@ def test_ctranslate2_is_resident_only_during_its_own_runs(demo_model_dir, tmp_pa
     pytest.importorskip("ctranslate2")
     from benchmarks.peers import PeerRun, ctranslate2_system, run
     from raymt.workers.config import SearchConfig
-    from raymt.workers.core_decoder import CoreDecoder
+    from raymt.workers.decoder.core_decoder import CoreDecoder
 
     translator = CoreDecoder.load(str(demo_model_dir), threads=1)
     ct2 = ctranslate2_system(str(demo_model_dir), "float32", 1, SearchConfig(beam_size=2), translator, str(tmp_path))

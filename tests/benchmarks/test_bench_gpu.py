@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from benchmarks.bench_gpu import main
-from raymt.pipeline.shortlist_files import save_table
-from raymt.workers.shortlist import LexicalTable
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.pipeline.decoders.shortlist_files import save_table
+from raymt.workers.search.shortlist import LexicalTable
+from raymt.workers.decoder.core_decoder import CoreDecoder
 from tests.conftest import SHARED_DATA, shared_path
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from benchmarks.step_profile import LABELS, PHASES, step_breakdown
 from raymt.workers.config import SearchConfig
-from raymt.workers.scheduler import Policy, SchedulerConfig
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.scheduler import Policy, SchedulerConfig
+from raymt.workers.decoder.core_decoder import CoreDecoder
 from tests.pipeline.ray_helpers import clean_corpus
 
 

@@ -5,9 +5,9 @@ import pyarrow.parquet as pq
 
 from raymt.jobs.build_shortlist import main as build
 from raymt.jobs.translate import main as translate
-from raymt.pipeline.shortlist_files import load_table
+from raymt.pipeline.decoders.shortlist_files import load_table
 from tests.conftest import ROOT, shared_path
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 SAMPLE = ROOT / "examples" / "sample.de.txt"
 
@@ -60,9 +60,9 @@ def test_nllb_gets_one_table_per_target_language_and_the_job_decodes_with_them(n
     target languages as the API does with those tables."""
     import pyarrow as pa
 
-    from raymt.pipeline.shortlist_files import load_shortlist
+    from raymt.pipeline.decoders.shortlist_files import load_shortlist
     from raymt.workers.config import SearchConfig
-    from raymt.workers.shortlist import LanguageShortlists
+    from raymt.workers.search.shortlist import LanguageShortlists
 
     src = slice_of("train.de", tmp_path, n=20)
     out = tmp_path / "shortlists"

@@ -16,7 +16,7 @@ import pytest
 
 from raymt import Translator
 from raymt.jobs.translate import main
-from raymt.pipeline.sink import OutputStore
+from raymt.pipeline.outputs.sink import OutputStore
 from raymt.ray_data import Translate
 from tests.conftest import ROOT, SHARED_DATA
 from tests.hold_gates import AFTER_COMMIT, gate_env
@@ -105,7 +105,7 @@ def test_a_resume_in_the_middle_of_split_rows_writes_each_row_once(demo_model_di
 
 @pytest.mark.skipif(not (SHARED_DATA / "wmt22").exists(), reason=f"needs {SHARED_DATA / 'wmt22'}")
 def test_wmt22_lines_the_splitter_cuts_are_few_and_named(api):
-    from raymt.workers.sentences import split_sentences
+    from raymt.workers.text.sentences import split_sentences
     lines = (SHARED_DATA / "wmt22" / "generaltest2022.de-en.src.de").read_text().splitlines()
     cut = [x for x in lines if len(split_sentences(x, "de").texts) > 1]
     assert len(cut) <= 3, cut  # lines that hold two sentences; every other line is decoded as before

@@ -206,8 +206,8 @@ def test_a_stream_from_a_file_to_standard_output_and_from_standard_input_to_a_fi
     import io
 
     from raymt.jobs.translate import build_parser, decode_config, decoder_settings
-    from raymt.pipeline.stream import translate_stream
-    from raymt.pipeline.units import Columns
+    from raymt.pipeline.orchestration.stream import translate_stream
+    from raymt.pipeline.orchestration.units import Columns
 
     (tmp_path / "in.txt.bz2").write_bytes(bz2.compress(TEXT))
     args = build_parser().parse_args(["--model", str(demo_model_dir), "--input", str(tmp_path / "in.txt.bz2"),

@@ -73,7 +73,7 @@ def test_fast_preset_is_the_measured_pruning_unless_heuristics_are_given():
 
 def test_batching_auto_is_topup_unless_batches_decide_the_output():
     from raymt.jobs.translate import build_parser, decode_config, scheduler_config
-    from raymt.workers.scheduler import Policy
+    from raymt.workers.decoder.scheduler import Policy
     base = ["--model", "m", "--input", "i", "--output", "o"]
     auto = build_parser().parse_args(base)
     assert scheduler_config(auto).policy is Policy.TOPUP and "|batching:topup" in decode_config(auto).signature("m")
@@ -84,7 +84,7 @@ def test_batching_auto_is_topup_unless_batches_decide_the_output():
 
 def test_batching_defaults_follow_the_device_and_flags_win(tmp_path):
     from raymt.jobs.translate import build_parser, decode_config, pipeline_config
-    from raymt.workers.device import CPU_DEFAULTS, GPU_DEFAULTS
+    from raymt.workers.decoder.device import CPU_DEFAULTS, GPU_DEFAULTS
     base = ["--model", "m", "--input", "i", "--output", str(tmp_path / "o")]
 
     def settings(*extra):
@@ -113,9 +113,9 @@ def test_int8_on_amx_tiles_defaults_to_larger_batches_everywhere(tmp_path, monke
     """int8 where oneDNN runs it on AMX tiles: 64 sentences a batch by default (command line, Python
     API, ``CoreDecoder.load``); float32, and int8 without AMX, keep the CPU's 32; a flag still wins."""
     from raymt.jobs.translate import build_parser, decode_config
-    from raymt.workers import speedups
-    from raymt.workers.decode_config import batching_for
-    from raymt.workers.device import CPU_DEFAULTS, CPU_INT8_AMX_DEFAULTS, batching_defaults_for
+    from raymt.workers.kernels import speedups
+    from raymt.workers.decoder.decode_config import batching_for
+    from raymt.workers.decoder.device import CPU_DEFAULTS, CPU_INT8_AMX_DEFAULTS, batching_defaults_for
     monkeypatch.setattr(speedups, "amx_int8", lambda: amx)
     int8_size = CPU_INT8_AMX_DEFAULTS.max_batch_size if amx else CPU_DEFAULTS.max_batch_size
     assert int8_size == (64 if amx else 32)
@@ -130,8 +130,8 @@ def test_int8_on_amx_tiles_defaults_to_larger_batches_everywhere(tmp_path, monke
     assert batching_for(False, precision="int8").max_batch_size == int8_size
     assert batching_for(False).max_batch_size == CPU_DEFAULTS.max_batch_size
     assert batching_defaults_for(True, "int8").max_batch_size != int8_size  # (a GPU's own; int8 is refused there)
-    from raymt.workers.core_decoder import CoreDecoder
-    from raymt.workers.speedups import EXACT
+    from raymt.workers.decoder.core_decoder import CoreDecoder
+    from raymt.workers.kernels.speedups import EXACT
     from dataclasses import replace
     assert CoreDecoder.load(str(demo_model_dir), speedups=replace(EXACT, int8=True)).max_batch_size == int8_size
     assert CoreDecoder.load(str(demo_model_dir)).max_batch_size == CPU_DEFAULTS.max_batch_size
@@ -198,7 +198,7 @@ def test_a_small_job_without_a_cluster_runs_in_process_without_starting_ray(demo
 def test_debug_gives_the_traceback_instead_of_one_line(demo_model_dir, tmp_path):
     import pytest
 
-    from raymt.pipeline.model_check import ModelError
+    from raymt.pipeline.decoders.model_check import ModelError
     model = broken_model(tmp_path, demo_model_dir, drop=("vocab.json",))
     with pytest.raises(ModelError, match="tokenizer file"):
         main(["--model", str(model), "--input", str(SAMPLE), "--output", str(tmp_path / "o.txt"), "--debug"])
@@ -220,7 +220,7 @@ def test_an_in_process_job_prints_progress_inside_its_unit(demo_model_dir, tmp_p
 def test_a_progress_line_comes_while_a_unit_is_read_and_tokenised(demo_model_dir, tmp_path, capsys, monkeypatch):
     """No decoding step moves while a huge row is tokenised and split: the line still comes, saying so
     (the reading is slowed here, as a row of megabytes would take it)."""
-    from raymt.pipeline.actors import EncoderWorker
+    from raymt.pipeline.orchestration.actors import EncoderWorker
     real = EncoderWorker.encode_unit
 
     def slow(self, unit):
@@ -256,7 +256,7 @@ def test_rows_not_translated_as_given_are_counted_by_status(demo_model_dir, tmp_
 
 def test_every_flag_default_is_the_table_of_defaults():
     from raymt.jobs.translate import build_parser, decode_config
-    from raymt.workers.decode_config import DEFAULTS, SCHEDULE
+    from raymt.workers.decoder.decode_config import DEFAULTS, SCHEDULE
     args = build_parser().parse_args(["--model", "m", "--input", "i", "--output", "o"])
     decode = decode_config(args)
     assert decode.search == DEFAULTS.search and decode.runtime == DEFAULTS.runtime and decode.shortlist is None
@@ -305,7 +305,7 @@ def test_the_signature_names_the_precision_the_decoders_run():
 
     assert "|int8" in sig("--int8") and "|bf16" in sig("--bf16", "--device", "cuda") and "|fp16" in sig("--fp16")
     assert not {"|int8", "|bf16", "|fp16"} & set(sig().split("|"))
-    from raymt.workers.speedups import EXACT
+    from raymt.workers.kernels.speedups import EXACT
     assert "int8" not in sig("--int8", runtime={"speedups": EXACT})  # the runtime's precision, not the flag's
 
 

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from raymt.jobs.translate import build_parser, decode_config, main, model_generation
-from raymt.workers.decode_config import DEFAULTS
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.decode_config import DEFAULTS
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")

@@ -8,7 +8,7 @@ import pytest
 
 from raymt.jobs.translate import main
 from raymt.workers.config import SearchConfig
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.core_decoder import CoreDecoder
 from tests.conftest import shared_path
 
 transformers = pytest.importorskip("transformers")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raymt.pipeline.sink import OutputStore
+from raymt.pipeline.outputs.sink import OutputStore
 from tests.conftest import ROOT
 
 SAMPLE = [line for line in (ROOT / "examples" / "sample.de.txt").read_text(encoding="utf-8").split("\n") if line]

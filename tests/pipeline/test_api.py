@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from raymt import Translator
-from raymt.workers.decode_config import DEFAULTS, ShortlistSource
+from raymt.workers.decoder.decode_config import DEFAULTS, ShortlistSource
 from tests.conftest import ROOT
 
 SAMPLE = ROOT / "examples" / "sample.de.txt"

@@ -18,11 +18,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from raymt.pipeline import digests
-from raymt.pipeline.ledger import model_files
-from raymt.pipeline.parquet_pins import PinnedFile, plan_layout, read_pinned
-from raymt.pipeline.passthrough import read_passthrough
+from raymt.pipeline.outputs.ledger import model_files
+from raymt.pipeline.inputs.parquet_pins import PinnedFile, plan_layout, read_pinned
+from raymt.pipeline.inputs.passthrough import read_passthrough
 from raymt.pipeline.storage import ModelChanged, model_reader
-from raymt.pipeline.units import Columns, InputChanged, plan_units, read_unit
+from raymt.pipeline.orchestration.units import Columns, InputChanged, plan_units, read_unit
 from tests.conftest import ROOT
 from tests.hold_gates import AFTER_COMMIT, gate_env
 

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raymt.pipeline.corpus import read_corpus
+from raymt.pipeline.inputs.corpus import read_corpus
 
 
 def test_txt_keeps_empty_lines_and_strips_crlf(tmp_path):

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raymt.pipeline import csvfiles
+from raymt.pipeline.inputs import csvfiles
 from raymt.pipeline.formats import input_kind, is_input_file
-from raymt.pipeline.passthrough import read_passthrough
-from raymt.pipeline.units import Columns, InputChanged, InputError, plan_units, read_unit
+from raymt.pipeline.inputs.passthrough import read_passthrough
+from raymt.pipeline.orchestration.units import Columns, InputChanged, InputError, plan_units, read_unit
 
 CSV = (b'id,text,domain\n'
        b'a1,"Hallo, Welt.",news\n'
@@ -112,7 +112,7 @@ def test_quoted_fields_over_many_lines_and_blocks_are_still_records(tmp_path, mo
 
 
 def test_a_csv_input_is_translated_by_the_job_not_streamed():
-    from raymt.pipeline.stream import stream_format
+    from raymt.pipeline.orchestration.stream import stream_format
 
     with pytest.raises(InputError, match=r"in.csv.gz: a CSV input is translated by the job, not as a stream"):
         stream_format("in.csv.gz")

@@ -1,4 +1,4 @@
-"""The quote state of a CSV stream (``pipeline/csv_quotes.py``) against a byte-by-byte reading of the
+"""The quote state of a CSV stream (``pipeline/inputs/csv_quotes.py``) against a byte-by-byte reading of the
 same rules, fed in pieces of every size; and those rules against pyarrow's reader itself."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
-from raymt.pipeline.csv_quotes import QuoteScan
+from raymt.pipeline.inputs.csv_quotes import QuoteScan
 
 
 def read_quotes(data: bytes) -> tuple[str, int] | None:

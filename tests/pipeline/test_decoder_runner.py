@@ -4,10 +4,10 @@ from __future__ import annotations
 
 
 def test_a_decoder_worker_reuses_one_runner_for_every_unit(demo_model_dir, tmp_path):
-    from raymt.pipeline.actors import DecoderSettings, DecoderWorker
-    from raymt.pipeline.units import Columns, plan_units
+    from raymt.pipeline.orchestration.actors import DecoderSettings, DecoderWorker
+    from raymt.pipeline.orchestration.units import Columns, plan_units
     from raymt.workers.config import SearchConfig
-    from raymt.workers.decode_config import DecodeConfig, RuntimeConfig
+    from raymt.workers.decoder.decode_config import DecodeConfig, RuntimeConfig
 
     src = tmp_path / "in.txt"  # the longest sentence first: the later units fit the cache it sized
     src.write_text("Zwei Männer spielen Fußball im Park.\nEin Hund läuft.\nEine Frau liest.\nEin Kind lacht.\n")

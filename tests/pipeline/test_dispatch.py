@@ -1,7 +1,7 @@
 """The driver's decoder-pool bookkeeping, driven event by event without Ray."""
 from __future__ import annotations
 
-from raymt.pipeline.dispatch import Health, Pool, Verdict
+from raymt.pipeline.orchestration.dispatch import Health, Pool, Verdict
 
 
 def test_pool_grows_to_the_work_left_within_its_bounds_and_shrinks_by_idle_actors() -> None:
@@ -154,6 +154,6 @@ def test_stalled_actors_and_the_bound_on_waiting_for_any_decoder() -> None:
 
 
 def test_a_failed_unit_lost_with_its_decoder_is_named_as_such() -> None:
-    from raymt.pipeline.run import UnitsFailed
+    from raymt.pipeline.orchestration.run import UnitsFailed
     message = str(UnitsFailed({"u1": "ArrowInvalid: bad page", "u2": "actor died"}, {"u2"}))
     assert "u1: ArrowInvalid: bad page" in message and "u2: lost with its decoder (not bad data): actor died" in message

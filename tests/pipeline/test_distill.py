@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from raymt.jobs.distill import main
-from raymt.pipeline.distill_columns import Filters, row_filters
+from raymt.pipeline.outputs.distill_columns import Filters, row_filters
 from tests.pipeline.ray_helpers import clean_corpus, start_ray
 
 

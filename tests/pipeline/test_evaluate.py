@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sacrebleu
 
-from raymt.pipeline.evaluate import score, sufficient_stats
+from raymt.pipeline.reports.evaluate import score, sufficient_stats
 
 HYP = ["A man rides a bike.", "Two kids play in sand.", "A woman sits.", "The dog runs on grass."]
 REF = ["A man is riding a bike.", "Two children play in the sand.", "A woman is sitting.", "A dog runs on the grass."]

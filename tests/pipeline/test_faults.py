@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from raymt.jobs.translate import main
-from raymt.pipeline.sink import OutputStore
+from raymt.pipeline.outputs.sink import OutputStore
 from tests.hold_gates import AFTER_COMMIT, BEFORE_ENCODE, gate_env
 from tests.pipeline.conftest import free_port
 from tests.pipeline.ray_helpers import (
@@ -284,7 +284,7 @@ class _Done:
 
 
 def test_a_decoder_no_node_can_hold_fails_at_once_unless_autoscaling(cluster, demo_model_dir, tmp_path):
-    from raymt.pipeline.driver import ResourcesUnavailable, check_placeable
+    from raymt.pipeline.orchestration.driver import ResourcesUnavailable, check_placeable
     start = time.time()
     with pytest.raises(SystemExit, match=r"asks for 1 GPU\(s\) and 1 CPU\(s\), and no node .*0 GPU\(s\) in all"):
         main(job(demo_model_dir, write_corpus(tmp_path / "in.parquet", clean_corpus(5)), tmp_path / "out",

@@ -13,10 +13,10 @@ import pytest
 import zstandard
 
 from raymt.pipeline.formats import OutputFormat, UnsupportedOutput, input_kind, output_format, parse_jsonl, parse_tsv
-from raymt.pipeline.guards import OutputRefused, check_output_format
-from raymt.pipeline.passthrough import output_name
-from raymt.pipeline.sink import output_table
-from raymt.pipeline.units import Columns, InputError, plan_units, read_unit
+from raymt.pipeline.outputs.guards import OutputRefused, check_output_format
+from raymt.pipeline.inputs.passthrough import output_name
+from raymt.pipeline.outputs.sink import output_table
+from raymt.pipeline.orchestration.units import Columns, InputError, plan_units, read_unit
 from raymt.pipeline.writers import jsonl_lines, lines_of, read_marian_nbest
 
 COMPRESS = {"gz": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress,
@@ -196,7 +196,7 @@ def test_a_directory_reads_every_line_format_compressed_or_not_and_empty_streams
 
 def test_every_input_format_is_one_registered_object_found_by_file_name():
     """``input_format``: the one object the planner, the reader, the pass-through and the stream ask."""
-    from raymt.pipeline.input_formats import FORMATS, input_format
+    from raymt.pipeline.inputs.input_formats import FORMATS, input_format
     names = {"a.parquet": "parquet", "a.csv": "csv", "a.csv.gz": "csv", "a.jsonl": "jsonl", "a.ndjson.zst": "jsonl",
              "a.tsv.xz": "tsv", "a.txt": "text", "a.de": "text", "a.parquet.gz": "text"}
     assert {name: input_format(name).name for name in names} == names

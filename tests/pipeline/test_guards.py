@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from raymt.pipeline.guards import OutputRefused, check_output
+from raymt.pipeline.outputs.guards import OutputRefused, check_output
 from tests.conftest import ROOT
 
 SAMPLE = ROOT / "examples" / "sample.de.txt"

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from raymt.pipeline import heap
-from raymt.pipeline.heap import trim_heap
+from raymt.pipeline.decoders import heap
+from raymt.pipeline.decoders.heap import trim_heap
 
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or heap._malloc_trim() is None,
                            reason="malloc_trim is glibc's")
@@ -44,11 +44,11 @@ def test_no_malloc_trim_is_a_no_op(monkeypatch):
 
 
 def test_the_decoder_trims_after_each_item(demo_model_dir, tmp_path, monkeypatch):
-    from raymt.pipeline import actors
-    from raymt.pipeline.actors import DecoderSettings, DecoderWorker
-    from raymt.pipeline.units import Columns, plan_units
+    from raymt.pipeline.orchestration import actors
+    from raymt.pipeline.orchestration.actors import DecoderSettings, DecoderWorker
+    from raymt.pipeline.orchestration.units import Columns, plan_units
     from raymt.workers.config import SearchConfig
-    from raymt.workers.decode_config import DecodeConfig, RuntimeConfig
+    from raymt.workers.decoder.decode_config import DecodeConfig, RuntimeConfig
 
     src = tmp_path / "in.txt"
     src.write_text("Ein Hund läuft.\nZwei Männer spielen Fußball.\nEine Frau liest.\n")

@@ -14,8 +14,8 @@ import raymt
 from raymt.jobs.translate import main
 from raymt.pipeline.digests import file_digest
 from raymt.pipeline.hub import ALLOW_PATTERNS, HubError, HubId, ResolvedModel, hub_id, resolve_model
-from raymt.pipeline.ledger import MODEL_FILES
-from raymt.pipeline.sink import OutputStore
+from raymt.pipeline.outputs.ledger import MODEL_FILES
+from raymt.pipeline.outputs.sink import OutputStore
 from raymt.workers.config import SearchConfig
 from tests.conftest import ROOT
 from tests.pipeline.hub_cache import REPO, HubCache, build_cache, go_offline

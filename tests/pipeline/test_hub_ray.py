@@ -11,7 +11,7 @@ import pytest
 import raymt
 from raymt.jobs.translate import main
 from raymt.pipeline.digests import file_digest
-from raymt.pipeline.ledger import MODEL_FILES
+from raymt.pipeline.outputs.ledger import MODEL_FILES
 from raymt.ray_data import ERROR_COLUMN, Translate
 from raymt.workers.config import SearchConfig
 from tests.pipeline.hub_cache import REPO, build_cache, go_offline

@@ -13,12 +13,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import raymt.pipeline.units as units
+import raymt.pipeline.orchestration.units as units
 from raymt.jobs.translate import main
-from raymt.pipeline.sink import OutputStore
-from raymt.pipeline.sniff import refusal
+from raymt.pipeline.outputs.sink import OutputStore
+from raymt.pipeline.inputs.sniff import refusal
 from raymt.pipeline.storage import storage_options
-from raymt.pipeline.units import Columns, InputChanged, InputError, plan_units, read_unit
+from raymt.pipeline.orchestration.units import Columns, InputChanged, InputError, plan_units, read_unit
 from tests.conftest import ROOT
 
 SAMPLE = ROOT / "examples" / "sample.de.txt"
@@ -109,7 +109,7 @@ def test_a_job_whose_input_is_rewritten_mid_run_fails_and_mixes_nothing(demo_mod
         if len(calls) == 2:  # the first unit is committed: the file is rewritten (same ids, other text)
             rewrite(src, pa.table({"id": [f"r{i}" for i in range(12)], "text": [f"Eine Katze ({i})." for i in range(12)]}))
         return read(unit, columns)
-    monkeypatch.setattr("raymt.pipeline.actors.read_unit", rewritten_after_the_first_unit)
+    monkeypatch.setattr("raymt.pipeline.orchestration.actors.read_unit", rewritten_after_the_first_unit)
     out = tmp_path / "out"
     with pytest.raises(SystemExit, match=r"error: input .*in.parquet changed since the job planned it"):
         main(["--in-process", "--model", str(demo_model_dir), "--input", str(src), "--output", str(out),

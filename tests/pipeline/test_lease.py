@@ -16,8 +16,8 @@ import pyarrow as pa
 import pytest
 
 from raymt.pipeline.errors import StorageFull
-from raymt.pipeline.lease import LEASE, LOCK, Lease, LeaseLost, OutputBusy
-from raymt.pipeline.sink import OutputStore, output_table
+from raymt.pipeline.outputs.lease import LEASE, LOCK, Lease, LeaseLost, OutputBusy
+from raymt.pipeline.outputs.sink import OutputStore, output_table
 from raymt.pipeline.storage import storage_options
 from tests.conftest import ROOT
 

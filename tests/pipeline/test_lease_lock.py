@@ -15,9 +15,9 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from raymt.pipeline import disklock
-from raymt.pipeline.lease import LEASE, LOCK, LOCK_WAIT_S, Lease, LeaseLost, OutputBusy, OutputLocked
-from raymt.pipeline.sink import OutputStore
+from raymt.pipeline.outputs import disklock
+from raymt.pipeline.outputs.lease import LEASE, LOCK, LOCK_WAIT_S, Lease, LeaseLost, OutputBusy, OutputLocked
+from raymt.pipeline.outputs.sink import OutputStore
 from tests.conftest import ROOT
 from tests.pipeline.test_lease import part
 
@@ -54,7 +54,7 @@ PAUSED_HOLDER = r"""
 import os, signal, sys
 import fsspec
 from raymt.pipeline import disklock
-from raymt.pipeline.lease import Lease
+from raymt.pipeline.outputs.lease import Lease
 
 root, ttl = sys.argv[1], float(sys.argv[2])
 if ttl:
@@ -115,7 +115,7 @@ def test_a_paused_lock_holder_is_refused_named_then_taken_over_and_its_write_ref
         until_expired(out)
         taker = lease_on(out, 30)
         began = time.monotonic()
-        with caplog.at_level(logging.WARNING, logger="raymt.pipeline.lease"):
+        with caplog.at_level(logging.WARNING, logger="raymt.pipeline.outputs.lease"):
             taker.acquire()
         assert time.monotonic() - began < LOCK_WAIT_S + 3
         assert taker.generation == 2

@@ -10,7 +10,8 @@ import time
 import fsspec
 import pytest
 
-from raymt.pipeline.ledger import LEASE, Lease, OutputBusy, PlanRecord, file_version
+from raymt.pipeline.outputs.ledger import LEASE, Lease, OutputBusy, PlanRecord
+from raymt.pipeline.storage import file_version
 from raymt.pipeline.storage import storage_options
 
 

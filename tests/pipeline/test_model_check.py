@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from raymt.pipeline.model_check import ModelError, check_model
+from raymt.pipeline.decoders.model_check import ModelError, check_model
 from tests.conftest import ROOT
 
 BASE_MODEL = ROOT.parent / "shared" / "models" / "base-de-en"

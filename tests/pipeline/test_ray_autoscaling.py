@@ -6,7 +6,7 @@ import threading
 import time
 
 from raymt.jobs.translate import main
-from raymt.pipeline.sink import OutputStore
+from raymt.pipeline.outputs.sink import OutputStore
 from tests.pipeline.ray_helpers import assert_exactly_once, clean_corpus, write_corpus
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from raymt.ray_data import ERROR_COLUMN, Translate
 from raymt.workers.config import SearchConfig
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.core_decoder import CoreDecoder
 from tests.pipeline.ray_helpers import clean_corpus, start_ray, write_corpus
 
 SEARCH = SearchConfig(beam_size=2)
@@ -96,14 +96,14 @@ def test_a_cell_over_the_row_limit_is_not_decoded_and_says_why(demo_model_dir, o
 
 
 def test_the_default_search_is_the_command_lines(demo_model_dir, one_thread):
-    from raymt.workers.decode_config import DEFAULTS
+    from raymt.workers.decoder.decode_config import DEFAULTS
     op = Translate(str(demo_model_dir))
     assert op.search == DEFAULTS.search and op.device.type == "cpu"
     assert op.batching.slots == DEFAULTS.batching.max_batch_size and op.batching.schedule.policy.value == "topup"
 
 
 def test_int8_reaches_the_operator(demo_model_dir, one_thread, tmp_path):
-    from raymt.pipeline.api import Translator as Api
+    from raymt.pipeline.decoders.api import Translator as Api
     texts = clean_corpus(8)
     op = Translate(str(demo_model_dir), search=SEARCH, compute_type="int8")
     assert op.translate_texts(texts)[0] == Api.load(str(demo_model_dir), compute_type="int8", search=SEARCH).translate(texts)
@@ -123,7 +123,7 @@ def test_languages_a_fixed_code_or_a_column_per_row_without_ray(nllb_dir, one_th
     columns kept), the same translations as ``raymt.Translator``; an unknown code is that row's
     ``translation_error``; without languages, one error at construction."""
     import raymt
-    from raymt.workers.lang_tokenizer import LanguageError
+    from raymt.workers.text.lang_tokenizer import LanguageError
     from tests.conftest import shared_path
 
     lines = shared_path("multi30k", "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:5]

@@ -13,8 +13,8 @@ import pytest
 import sacrebleu
 
 from raymt.jobs.translate import main
-from raymt.pipeline.sink import OutputStore
-from raymt.pipeline.stats_plots import batch_histogram
+from raymt.pipeline.outputs.sink import OutputStore
+from raymt.pipeline.reports.stats_plots import batch_histogram
 from tests.pipeline.ray_helpers import (
     SAMPLE,
     assert_exactly_once,
@@ -25,7 +25,7 @@ from tests.pipeline.ray_helpers import (
     write_corpus,
 )
 from raymt.workers.config import SearchConfig
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 LONG = " ".join(SAMPLE * 6)  # > 512 source tokens: must be split to fit the model's positions
 BAD = [None, "", "   ", "Ein\x00 Hund\x07 läuft.", LONG, "Zwei Hunde\tspielen."]

@@ -6,8 +6,8 @@ import json
 import pyarrow as pa
 import pytest
 
-from raymt.pipeline.records import EncodedUnit, JobSummary, UnitMarker
-from raymt.pipeline.units import WorkUnit
+from raymt.pipeline.outputs.records import EncodedUnit, JobSummary, UnitMarker
+from raymt.pipeline.orchestration.units import WorkUnit
 
 
 def test_encoded_unit_round_trips_through_an_arrow_block() -> None:
@@ -21,8 +21,8 @@ def test_encoded_unit_round_trips_through_an_arrow_block() -> None:
 
 
 def test_unit_stats_hold_typed_fields_and_serialise_only_at_the_arrow_boundary() -> None:
-    from raymt.pipeline.records import UnitStats
-    from raymt.pipeline.timeline import Slice
+    from raymt.pipeline.outputs.records import UnitStats
+    from raymt.pipeline.reports.timeline import Slice
     stats = UnitStats(unit="u0", actor="h:1", node="n", started=1.0, finished=2.0, wait_s=0.0, encode_s=0.1,
                       decode_s=0.5, sentences=3, pieces=3, source_tokens=20, target_tokens=22, steps=9, row_steps=25,
                       occupancy=0.9, refills=1, batch_size=32, pruned_fraction=0.0, shortlist_size=0.0,
@@ -61,7 +61,7 @@ def test_the_job_summary_round_trips_and_reads_the_previous_format() -> None:
 def test_a_progress_snapshot_round_trips_and_moves_the_progress_line_inside_a_unit() -> None:
     import time
 
-    from raymt.pipeline.timeline import Board, Progress, Snapshot
+    from raymt.pipeline.reports.timeline import Board, Progress, Snapshot
     snap = Snapshot(time=time.time(), tokens=500, tokens_per_s=250.0, unit="u0", unit_rows=100,
                     unit_source_tokens=1000, unit_tokens=500)
     assert Snapshot.from_json(snap.to_json()) == snap

@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from raymt.pipeline.bench_reports import machine, write_report
+from benchmarks.reports import machine, write_report
 
 
 def test_machine_names_the_date_cpu_isa_and_versions():

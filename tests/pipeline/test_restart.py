@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raymt.pipeline import run as run_module
-from raymt.pipeline.lease import LEASE, LOCK, Lease
-from raymt.pipeline.ledger import PlanRecord
-from raymt.pipeline.sink import OutputStore
+from raymt.pipeline.orchestration import run as run_module
+from raymt.pipeline.outputs.lease import LEASE, LOCK, Lease
+from raymt.pipeline.outputs.ledger import PlanRecord
+from raymt.pipeline.outputs.sink import OutputStore
 from tests.pipeline.test_sink import part
 
 HEX = "0123456789abcdef" * 2  # a temporary name's random part

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raymt.pipeline.sink import OUTPUT_SCHEMA, OutputStore, assemble
+from raymt.pipeline.outputs.sink import OUTPUT_SCHEMA, OutputStore, assemble
 from raymt.pipeline.storage import storage_options
 
 
@@ -40,10 +40,10 @@ def test_part_without_marker_is_not_committed(tmp_path) -> None:
 def test_a_decoded_unit_s_part(demo_model_dir) -> None:
     """``decoded_table``: a row of one piece gets its hypotheses as n-best; a row cut into pieces, their
     best joined, scores summed, that one as n-best; a row with no piece, "" and no n-best."""
-    from raymt.pipeline.actors import decoded_table
-    from raymt.pipeline.records import EncodedUnit
-    from raymt.workers.search import Hypothesis
-    from raymt.workers.core_decoder import CoreDecoder
+    from raymt.pipeline.orchestration.actors import decoded_table
+    from raymt.pipeline.outputs.records import EncodedUnit
+    from raymt.workers.search.selection import Hypothesis
+    from raymt.workers.decoder.core_decoder import CoreDecoder
 
     tok = CoreDecoder.load(str(demo_model_dir)).checkpoint.tokenizer
     ids = {w: tuple(tok.encode_target(w)) for w in ("A dog.", "Two men.", "A cat.", "Hello", "there")}

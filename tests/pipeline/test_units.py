@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raymt.pipeline import textfiles
-from raymt.pipeline.units import (Columns, CorruptInput, InputError, auto_unit_rows, check_apart, plan_units,
+from raymt.pipeline.inputs import textfiles
+from raymt.pipeline.orchestration.units import (Columns, CorruptInput, InputError, auto_unit_rows, check_apart, plan_units,
                             read_text_lines, read_unit)
 
 

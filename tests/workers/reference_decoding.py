@@ -8,13 +8,13 @@ from dataclasses import replace
 from torch import Tensor
 
 from raymt.workers.config import SearchConfig
-from raymt.workers.core_decoder import CoreDecoder
-from raymt.workers.decode_config import DecodeRequest
-from raymt.workers.engine import DecodeStats, Engine, batch_schedule
-from raymt.workers.runner import DecodeRunner
-from raymt.workers.scheduler import SchedulerConfig
-from raymt.workers.search import Hypothesis
-from raymt.workers.shortlist import AnyShortlist
+from raymt.workers.decoder.core_decoder import CoreDecoder
+from raymt.workers.decoder.decode_config import DecodeRequest
+from raymt.workers.decoder.engine import DecodeStats, Engine, batch_schedule
+from raymt.workers.decoder.runner import DecodeRunner
+from raymt.workers.decoder.scheduler import SchedulerConfig
+from raymt.workers.search.selection import Hypothesis
+from raymt.workers.search.shortlist import AnyShortlist
 
 
 def beam_search(model, src_ids: Tensor, src_mask: Tensor, cfg: SearchConfig, *, forced_eos: bool = True,
@@ -22,8 +22,8 @@ def beam_search(model, src_ids: Tensor, src_mask: Tensor, cfg: SearchConfig, *, 
                 runner: DecodeRunner | None = None) -> list[list[Hypothesis]]:
     """One padded batch, src_ids / src_mask (B, S), decoded to its end on the engine (FIXED policy)
     -> per sentence the ``cfg.num_hypotheses`` best hypotheses, HF ``generate`` semantics
-    (``raymt.workers.search``). ``candidates`` (C,): a shortlist of target ids; ``runner``: the
-    decoder's long-lived state to reuse (``workers/runner.py``), else a fresh one."""
+    (``raymt.workers.search.selection``). ``candidates`` (C,): a shortlist of target ids; ``runner``: the
+    decoder's long-lived state to reuse (``workers/decoder/runner.py``), else a fresh one."""
     sources = [row[:n] for row, n in zip(src_ids.tolist(), src_mask.sum(1).tolist())]
     engine = Engine(model, cfg, batch_schedule(len(sources)), forced_eos=forced_eos,
                     candidates=candidates, stats=stats, runner=runner)

@@ -1,6 +1,6 @@
 """What a CUDA graph replay of the static step would do, checked on the CPU (no GPU is needed).
 
-``workers/graphs.GraphedStep`` captures ``Engine._device_step`` once (after its warm-up steps) and replays
+``workers/model/graphs.GraphedStep`` captures ``Engine._device_step`` once (after its warm-up steps) and replays
 it every step after: the replay runs the captured kernels on the same memory with the same
 arguments, and runs no Python. So a replay equals the eager step if, at every step it stands for:
 
@@ -28,10 +28,10 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
-from raymt.workers.engine import Engine
-from raymt.workers.graphs import WARMUP_STEPS
+from raymt.workers.decoder.engine import Engine
+from raymt.workers.model.graphs import WARMUP_STEPS
 
-KERNELS = ("ancestry_attention", "source_attention", "row_top_log_softmax")  # workers/triton_ops.py's launches
+KERNELS = ("ancestry_attention", "source_attention", "row_top_log_softmax")  # workers/kernels/triton_ops.py's launches
 CAPTURED = WARMUP_STEPS  # the step GraphedStep captures (0-based): the ones before run eagerly to warm up
 
 

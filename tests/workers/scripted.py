@@ -19,12 +19,12 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from raymt.workers.cache import KVCache, StepAt
+from raymt.workers.model.cache import KVCache, StepAt
 from raymt.workers.config import ModelConfig, SearchConfig
-from raymt.workers.engine import DecodeStats
-from raymt.workers.output_head import OutputHead
-from raymt.workers.search import Hypothesis
-from raymt.workers.step_ops import ATEN, AtenOps
+from raymt.workers.decoder.engine import DecodeStats
+from raymt.workers.model.output_head import OutputHead
+from raymt.workers.search.selection import Hypothesis
+from raymt.workers.model.step_ops import ATEN, AtenOps
 
 E, A, B, C, D, PAD = range(6)
 V = 6
@@ -42,7 +42,7 @@ class ScriptedModel:
     device = torch.device("cpu")
 
     def __init__(self, probs: ProbsFn, vocab_size: int = V, ops: AtenOps = ATEN) -> None:
-        self.vocab_size, self.ops = vocab_size, ops  # ops: the output step's backend (workers/step_ops.py)
+        self.vocab_size, self.ops = vocab_size, ops  # ops: the output step's backend (workers/model/step_ops.py)
         self.config = ModelConfig(vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=4,
                                   encoder_layers=1, decoder_layers=1, encoder_attention_heads=1,
                                   decoder_attention_heads=1, encoder_ffn_dim=4, decoder_ffn_dim=4,

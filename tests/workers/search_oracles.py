@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from raymt.workers.search import NEG_INF, Candidates, Hypothesis
+from raymt.workers.search.selection import NEG_INF, Candidates, Hypothesis
 
 
 def length_normalize(score: float, length: int, length_penalty: float) -> float:

@@ -1,4 +1,4 @@
-"""The beam rules (``raymt.workers.beam_rules``) on scripted scores with exact asserts: the packed
+"""The beam rules (``raymt.workers.search.beam_rules``) on scripted scores with exact asserts: the packed
 settings, length normalisation, the finished pools, the stop test, each pruning heuristic; then the
 heuristics inside beam search on scripted tables.
 
@@ -15,11 +15,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from raymt.workers.beam_rules import (NEG_INF, PACKED_FIELDS, SCORE, TOKEN, BeamRules, PoolSummary, RunningCandidates,
+from raymt.workers.search.beam_rules import (NEG_INF, PACKED_FIELDS, SCORE, TOKEN, BeamRules, PoolSummary, RunningCandidates,
                                       finished_records, keep_mask, length_norms, merge_order, stop_mask)
 from raymt.workers.config import PruningConfig, SearchConfig
-from raymt.workers.engine import DecodeStats
-from raymt.workers.search import Hypothesis
+from raymt.workers.decoder.engine import DecodeStats
+from raymt.workers.search.selection import Hypothesis
 from tests.workers.reference_decoding import beam_search
 from tests.workers.scripted import A, B, C, D, E, ScriptedModel, decode, random_tables, scripted
 from tests.workers.search_oracles import FinishedPool, is_done

@@ -1,4 +1,4 @@
-"""The CPU's one-call beam step (``workers/csrc/beam_step.cpp``) against the Python step functions,
+"""The CPU's one-call beam step (``workers/kernels/csrc/beam_step.cpp``) against the Python step functions,
 on the scripted decoder of ``tests/workers/scripted.py``."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import torch
 
 from tests.workers.scripted import ScriptedModel, random_tables
 from raymt.workers.config import PruningConfig, SearchConfig
-from raymt.workers.engine import DecodeStats
-from raymt.workers.native import load as load_native
-from raymt.workers.step_ops import ATEN, NativeOps
+from raymt.workers.decoder.engine import DecodeStats
+from raymt.workers.kernels.native import load as load_native
+from raymt.workers.model.step_ops import ATEN, NativeOps
 from tests.workers.reference_decoding import beam_search
 
 
@@ -31,7 +31,7 @@ def native_or_skip() -> NativeOps:
 ])
 def test_the_fused_native_beam_step_equals_the_python_step(beam_size, nbest, length_penalty, early_stopping,
                                                            forced_eos, shortlist, pruning) -> None:
-    """workers/csrc/beam_step.cpp (the CPU's one-call beam step) against the Python step functions on
+    """workers/kernels/csrc/beam_step.cpp (the CPU's one-call beam step) against the Python step functions on
     random tables: the same tokens, scores and log-probs to the bit, the same steps and the same
     pruned count, with caps from 2 to 6, finished pools that fill and merge, forced EOS on and off,
     a shortlist, and every pruning heuristic."""

@@ -17,7 +17,7 @@ import torch
 
 from raymt.pipeline.storage import model_reader
 from tests.conftest import shared_path
-from raymt.workers.checkpoint import (
+from raymt.workers.checkpoints.checkpoint import (
     SIZE_LIMITS,
     UnsupportedCheckpoint,
     config_from_hf,
@@ -31,7 +31,7 @@ from raymt.workers.checkpoint import (
     unique_state,
 )
 from raymt.workers.config import ModelConfig
-from raymt.workers.model import MarianModel, sinusoidal_table
+from raymt.workers.model.model import MarianModel, sinusoidal_table
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses"),
               pytest.mark.usefixtures("one_thread")]

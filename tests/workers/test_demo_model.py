@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import shared_path
 from raymt.workers.config import SearchConfig
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.core_decoder import CoreDecoder
 from tests.workers.reference_decoding import translate_ids
 
 

@@ -13,11 +13,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from raymt.workers.config import PruningConfig, SamplingConfig, SearchConfig
-from raymt.workers.decode_config import DecodeRequest
-from raymt.workers.scheduler import Policy, SchedulerConfig
-from raymt.workers.shortlist import LexicalTable, Shortlist
-from raymt.workers.step_ops import ATEN
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.decode_config import DecodeRequest
+from raymt.workers.decoder.scheduler import Policy, SchedulerConfig
+from raymt.workers.search.shortlist import LexicalTable, Shortlist
+from raymt.workers.model.step_ops import ATEN
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 TEXTS = ["Ein Hund rennt über die Wiese.", "Zwei Männer spielen Fußball im Park.", "", "Eine Frau liest."]
 
@@ -52,7 +52,7 @@ def test_a_shortlisted_decode_moves_its_candidates_to_the_model(translator):
 
 
 def test_load_places_the_model_and_keeps_the_cpu_rewrites_to_the_cpu(demo_model_dir):
-    from raymt.workers.speedups import onednn_available
+    from raymt.workers.kernels.speedups import onednn_available
     plain = CoreDecoder.load(str(demo_model_dir), device=torch.device("cpu"))
     assert plain.checkpoint.model.device == torch.device("cpu")
     assert (plain.checkpoint.model.vocab_head is not None) == onednn_available()  # the CPU rewrites applied
@@ -63,7 +63,7 @@ def test_load_places_the_model_and_keeps_the_cpu_rewrites_to_the_cpu(demo_model_
 
 
 def test_the_static_step_creates_every_tensor_on_the_models_device(translator):
-    from raymt.workers.engine import Engine, StaticStep
+    from raymt.workers.decoder.engine import Engine, StaticStep
 
     sources = translator.encode(TEXTS[:2] + TEXTS[3:])
     sched = SchedulerConfig(policy=Policy.TOPUP, max_batch_sentences=2, capacity=2)
@@ -76,7 +76,7 @@ def test_the_static_step_creates_every_tensor_on_the_models_device(translator):
 def test_batch_decoding_with_the_static_step_runs_its_batches_on_one_engine(translator, monkeypatch):
     """A static step is captured once per engine on a GPU, so batch decoding with it runs every batch
     (max_batch_size = 2 here: three batches) on one engine, and decodes exactly as batch decoding."""
-    from raymt.workers.engine import StaticStep
+    from raymt.workers.decoder.engine import StaticStep
 
     sources = translator.encode(TEXTS[:2] + TEXTS[3:] + ["Ein Mann fährt Fahrrad.", "Kinder spielen."])
     cfg = SearchConfig(beam_size=3, num_hypotheses=2)
@@ -121,7 +121,7 @@ def test_the_device_step_never_reads_the_device(demo_model_dir, beam, static, pr
     reorder) runs here on a ``meta`` model, where any read of a tensor's values (``.item()``,
     ``bool()``, ``nonzero``, a boolean-mask index) raises: so the step has no host sync and a data-
     independent shape, which capture needs, and it creates nothing from host values."""
-    from raymt.workers.engine import Engine, StaticStep
+    from raymt.workers.decoder.engine import Engine, StaticStep
 
     sources = CoreDecoder.load(str(demo_model_dir)).encode(TEXTS[:2] + TEXTS[3:])
     model = CoreDecoder.load(str(demo_model_dir), device="meta").checkpoint.model
@@ -150,10 +150,10 @@ def test_int8_off_the_cpu_is_refused_before_anything_loads(demo_model_dir, monke
     checkpoint is read (on this machine either would fail otherwise, with another error)."""
     import dataclasses
 
-    from raymt.pipeline import api
-    from raymt.workers import core_decoder as core_decoder_module
-    from raymt.workers.decode_config import RuntimeConfig
-    from raymt.workers.speedups import EXACT, CpuSpeedups
+    from raymt.pipeline.decoders import api
+    from raymt.workers.decoder import core_decoder as core_decoder_module
+    from raymt.workers.decoder.decode_config import RuntimeConfig
+    from raymt.workers.kernels.speedups import EXACT, CpuSpeedups
 
     def untouched(*args, **kwargs):
         raise AssertionError("reached past the refusal")

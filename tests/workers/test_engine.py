@@ -15,11 +15,11 @@ import pytest
 from tests.workers.scripted import (A, B, C, D, E, V, ProbsFn, ScriptedModel, Table, decode, random_tables,
                                     scripted)
 from raymt.workers.config import SearchConfig
-from raymt.workers.engine import DecodeStats
+from raymt.workers.decoder.engine import DecodeStats
 from tests.workers.reference_decoding import beam_search, greedy_search
-from raymt.workers.native import load as load_native
-from raymt.workers.step_ops import ATEN, AtenOps, NativeOps
-from raymt.workers.search import Hypothesis
+from raymt.workers.kernels.native import load as load_native
+from raymt.workers.model.step_ops import ATEN, AtenOps, NativeOps
+from raymt.workers.search.selection import Hypothesis
 
 
 def assert_hyps(actual: list[Hypothesis], expected: Sequence[tuple[tuple[int, ...], float]],

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from raymt.workers.config import ModelConfig, SearchConfig
-from raymt.workers.decode_config import DEFAULTS
-from raymt.workers.generation import GenerationDefaults, UnsupportedGeneration
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.decode_config import DEFAULTS
+from raymt.workers.checkpoints.generation import GenerationDefaults, UnsupportedGeneration, effective_search
+from raymt.workers.decoder.core_decoder import CoreDecoder
 from tests.conftest import shared_path
 
 transformers = pytest.importorskip("transformers")
@@ -189,3 +189,7 @@ def test_marian_directories_keep_the_product_defaults(demo_model_dir):
     assert json.loads((demo_model_dir / "generation_config.json").read_text())["num_beams"] == 4
     assert tr.generation_defaults() is None and tr.model_search_config() == DEFAULTS.search
     assert tr.forced_eos and tr.default_target_lang is None
+
+
+def test_the_merge_starts_from_the_product_defaults():
+    assert DEFAULTS.search == SearchConfig() == effective_search(None)

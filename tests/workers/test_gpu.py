@@ -11,11 +11,11 @@ import torch
 
 from tests.conftest import shared_path
 from raymt.workers.config import SearchConfig
-from raymt.workers.decode_config import DecodeRequest
-from raymt.workers.scheduler import Policy, SchedulerConfig
-from raymt.workers.speedups import CpuSpeedups
-from raymt.workers.step_ops import ATEN
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.decode_config import DecodeRequest
+from raymt.workers.decoder.scheduler import Policy, SchedulerConfig
+from raymt.workers.kernels.speedups import CpuSpeedups
+from raymt.workers.model.step_ops import ATEN
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -66,9 +66,9 @@ def test_one_readback_per_step_on_cuda(cuda):
 
 
 def test_the_decoder_worker_decodes_on_its_gpu(demo_model_dir, tmp_path):
-    from raymt.pipeline.actors import DecoderSettings, DecoderWorker
-    from raymt.workers.decode_config import DecodeConfig, RuntimeConfig
-    from raymt.pipeline.units import Columns
+    from raymt.pipeline.orchestration.actors import DecoderSettings, DecoderWorker
+    from raymt.workers.decoder.decode_config import DecodeConfig, RuntimeConfig
+    from raymt.pipeline.orchestration.units import Columns
 
     settings = DecoderSettings(model=str(demo_model_dir), output=str(tmp_path / "out"), signature="gpu-test",
                                decode=DecodeConfig(SearchConfig(beam_size=2), runtime=RuntimeConfig(device="cuda")))
@@ -87,7 +87,7 @@ def test_the_static_step_on_cuda_decodes_as_the_dynamic_one(cuda, demo_model_dir
     one that runs every step, in a translator of its own (a translator keeps its captured steps)."""
     import importlib
 
-    from raymt.workers.engine import StaticStep
+    from raymt.workers.decoder.engine import StaticStep
 
     class Eager:
         graph = None
@@ -131,7 +131,7 @@ def test_the_static_step_on_cuda_decodes_as_the_dynamic_one(cuda, demo_model_dir
 
 def test_a_gpu_decoder_gets_the_fused_triton_output_step(cuda):
     pytest.importorskip("triton", reason="Triton is not installed on this GPU machine")
-    from raymt.workers.triton_ops import TritonOps
+    from raymt.workers.kernels.triton_ops import TritonOps
 
     assert isinstance(cuda.checkpoint.model.ops, TritonOps)
     src, _ = lines(64)
@@ -147,7 +147,7 @@ def test_a_gpu_decoder_gets_the_fused_triton_output_step(cuda):
 
 
 def test_staged_index_copies_survive_a_host_running_ahead_of_the_device():
-    from raymt.workers.graphs import Staging
+    from raymt.workers.model.graphs import Staging
 
     staging = Staging.for_device(4, torch.device("cuda"), depth=2)
     copies = []
@@ -159,10 +159,10 @@ def test_staged_index_copies_survive_a_host_running_ahead_of_the_device():
 
 def test_the_gpu_defaults_translate_as_the_dynamic_step_and_fit_memory(cuda, monkeypatch):
     """``raymt.jobs.translate --device cuda`` with no batching flags: 256 slots, the static step read back
-    every 4 steps, top-up refilling at 5% empty (``raymt.workers.device.GPU_DEFAULTS``)."""
-    from raymt.workers import graphs
-    from raymt.workers.device import GPU_DEFAULTS as d
-    from raymt.workers.engine import StaticStep
+    every 4 steps, top-up refilling at 5% empty (``raymt.workers.decoder.device.GPU_DEFAULTS``)."""
+    from raymt.workers.model.model import graphs
+    from raymt.workers.decoder.device import GPU_DEFAULTS as d
+    from raymt.workers.decoder.engine import StaticStep
 
     src, _ = lines(1000)
     sources, cfg = cuda.encode(src), SearchConfig(beam_size=5)

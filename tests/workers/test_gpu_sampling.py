@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from raymt.workers.config import SamplingConfig, SearchConfig
-from raymt.workers.decode_config import DecodeRequest
-from raymt.workers.engine import StaticStep
-from raymt.workers.sampling import lane_hashes, sentence_key, uniforms
-from raymt.workers.scheduler import Policy, SchedulerConfig
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.decode_config import DecodeRequest
+from raymt.workers.decoder.engine import StaticStep
+from raymt.workers.search.sampling import lane_hashes, sentence_key, uniforms
+from raymt.workers.decoder.scheduler import Policy, SchedulerConfig
+from raymt.workers.decoder.core_decoder import CoreDecoder
 from tests.conftest import shared_path
 
 pytestmark = [pytest.mark.gpu,

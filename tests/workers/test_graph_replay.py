@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from tests.workers.replay_trace import CAPTURED, replay_mismatches, trace_static_decode
-from raymt.workers.isa import bf16_refusal, detect
-from raymt.workers.beams import SlotState
+from raymt.workers.kernels.isa import bf16_refusal, detect
+from raymt.workers.search.beams import SlotState
 from raymt.workers.config import PruningConfig, SearchConfig
-from raymt.workers.decode_config import DecodeRequest
-from raymt.workers.scheduler import Policy, SchedulerConfig
-from raymt.workers.speedups import CpuSpeedups
-from raymt.workers.static_step import StaticStep
-from raymt.workers.step_ops import ATEN, AtenOps
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.decode_config import DecodeRequest
+from raymt.workers.decoder.scheduler import Policy, SchedulerConfig
+from raymt.workers.kernels.speedups import CpuSpeedups
+from raymt.workers.decoder.static_step import StaticStep
+from raymt.workers.model.step_ops import ATEN, AtenOps
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 TEXTS = ["Ein Hund rennt über die Wiese.", "Zwei Männer spielen Fußball im Park.", "Eine Frau liest.",
          "Ein kleines Mädchen klettert in ein Spielhaus aus Holz.", "Zwei Hunde.", "Ein Mann schläft."]
@@ -95,7 +95,7 @@ def test_a_refill_that_reassigns_the_search_state_is_caught(translator, monkeypa
 def test_a_per_step_python_value_in_the_step_is_caught(translator, monkeypatch):
     """The other negative control: a value the host changes each step, passed into the step, would be
     frozen at its captured value by a replay."""
-    from raymt.workers.cache import KVCache
+    from raymt.workers.model.cache import KVCache
     step_at, calls = KVCache.step_at, []
 
     def with_a_changing_t(self, *args, t, **kwargs):

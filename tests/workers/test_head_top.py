@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from raymt.workers.config import SearchConfig
-from raymt.workers.isa import detect
-from raymt.workers.packed_linear import PackedLinear
-from raymt.workers.speedups import EXACT, Int8Linear
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.kernels.isa import detect
+from raymt.workers.model.packed_linear import PackedLinear
+from raymt.workers.kernels.speedups import EXACT, Int8Linear
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 NEG_INF = float("-inf")
 

@@ -26,10 +26,10 @@ import pytest
 import torch
 
 from tests.conftest import shared_path
-from raymt.workers.checkpoint import save_checkpoint
+from raymt.workers.checkpoints.checkpoint import save_checkpoint
 from raymt.workers.config import ModelConfig, SearchConfig
-from raymt.workers.model import MarianModel
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.model.model import MarianModel
+from raymt.workers.decoder.core_decoder import CoreDecoder
 from tests.workers.reference_decoding import translate_ids
 
 transformers = pytest.importorskip("transformers")

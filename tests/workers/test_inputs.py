@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from raymt.workers.inputs import (EMPTY, MAX_ROW_CHARS, NORMALISED, NULL, OK, SPLIT, TOO_LONG, clean_text,
+from raymt.workers.text.inputs import (EMPTY, MAX_ROW_CHARS, NORMALISED, NULL, OK, SPLIT, TOO_LONG, clean_text,
                                   split_to_fit)
 
 
@@ -28,7 +28,7 @@ def test_clean_text(value, text: str, status: str) -> None:
 
 
 def test_a_row_over_the_row_limit_is_too_long_before_any_other_work() -> None:
-    from raymt.workers.rows import prepare_rows
+    from raymt.workers.text.rows import prepare_rows
 
     c = clean_text("Ein\x07 Hund läuft.", max_chars=10)
     assert (c.text, c.status, c.reason, c.translatable) == ("", TOO_LONG, "16 characters, more than --max-row-chars 10",

@@ -1,4 +1,4 @@
-"""The CPU's ISA (workers/isa.py), the native build's target per ISA (workers/native.py) and the
+"""The CPU's ISA (workers/kernels/isa.py), the native build's target per ISA (workers/kernels/native.py) and the
 bf16 refusal on CPUs without bf16 GEMMs, including an AVX2-only CPU emulated on this one."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from raymt.workers.isa import CpuIsa, bf16_refusal, detect, theoretical_peak_gflops
-from raymt.workers.native import build_target
+from raymt.workers.kernels.isa import CpuIsa, bf16_refusal, detect, theoretical_peak_gflops
+from raymt.workers.kernels.native import build_target
 
 AVX512 = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"})
 AVX2 = frozenset({"avx2", "fma", "f16c"})
@@ -70,8 +70,8 @@ def run_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 @needs_avx2
 def test_emulated_avx2_cpu_reads_as_avx2_without_bf16() -> None:
-    code = ("from raymt.workers.isa import detect; from raymt.workers.native import build_target;"
-            "from raymt.workers.speedups import amx_int8;"
+    code = ("from raymt.workers.kernels.isa import detect; from raymt.workers.kernels.native import build_target;"
+            "from raymt.workers.kernels.speedups import amx_int8;"
             "i = detect(); print(i.level, i.bf16, build_target(), amx_int8())")
     out = run_python(code, AVX2_ENV)
     assert out.returncode == 0, out.stderr
@@ -99,7 +99,7 @@ def test_cli_refuses_bf16_in_one_line_before_any_work_on_an_avx2_cpu(tmp_path, d
 
 @needs_avx2
 def test_int8_translates_on_an_avx2_cpu(demo_model_dir) -> None:
-    code = ("from raymt.workers.core_decoder import CoreDecoder; from raymt.workers.speedups import EXACT, Int8Linear;"
+    code = ("from raymt.workers.decoder.core_decoder import CoreDecoder; from raymt.workers.kernels.speedups import EXACT, Int8Linear;"
             "from raymt.workers.config import SearchConfig; from dataclasses import replace;"
             f"t = CoreDecoder.load({str(demo_model_dir)!r}, speedups=replace(EXACT, int8=True));"
             "assert isinstance(t.checkpoint.model.vocab_head, Int8Linear);"

@@ -23,14 +23,14 @@ import pytest
 import torch
 
 from tests.conftest import shared_path
-from raymt.workers.checkpoint import UnsupportedCheckpoint, config_from_hf, expected_layout, local_reader
+from raymt.workers.checkpoints.checkpoint import UnsupportedCheckpoint, config_from_hf, expected_layout, local_reader
 from raymt.workers.config import SearchConfig
-from raymt.workers.decode_config import DecodeRequest
-from raymt.workers.engine import Engine, batch_schedule
-from raymt.workers.lang_tokenizer import load_language_tokenizer
-from raymt.workers.speedups import CpuSpeedups
-from raymt.workers.static_step import StaticStep
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.decode_config import DecodeRequest
+from raymt.workers.decoder.engine import Engine, batch_schedule
+from raymt.workers.text.lang_tokenizer import load_language_tokenizer
+from raymt.workers.kernels.speedups import CpuSpeedups
+from raymt.workers.decoder.static_step import StaticStep
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
@@ -224,7 +224,7 @@ def test_static_step_and_shortlist_keep_the_forced_first_token(model_dir, source
 
 @pytest.mark.parametrize("lower", [CpuSpeedups(int8=True), CpuSpeedups(fp16=True)], ids=["int8", "fp16"])
 def test_lower_precision_agrees_with_float(model_dir, source_lines, lower):
-    """int8 (workers/speedups.py rewrites the Linear layers, pre-norm or not) and float16 (HF's residual
+    """int8 (workers/kernels/speedups.py rewrites the Linear layers, pre-norm or not) and float16 (HF's residual
     clamp included): most translations equal float32's."""
     style, directory, _, _ = model_dir
     src_lang, cycle = LANGS[style]

@@ -27,13 +27,13 @@ import numpy as np
 import pytest
 import torch
 
-from raymt.pipeline.model_check import ModelError, check_model
-from raymt.pipeline.shortlist_files import load_table, shortlist_for
-from raymt.workers.checkpoint import UnsupportedCheckpoint, local_reader
+from raymt.pipeline.decoders.model_check import ModelError, check_model
+from raymt.pipeline.decoders.shortlist_files import load_table, shortlist_for
+from raymt.workers.checkpoints.checkpoint import UnsupportedCheckpoint, local_reader
 from raymt.workers.config import SearchConfig
-from raymt.workers.marian_npz import MarianReader
-from raymt.workers.model_formats import ModelFormatError, open_model
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.checkpoints.marian_npz import MarianReader
+from raymt.workers.checkpoints.model_formats import ModelFormatError, open_model
+from raymt.workers.decoder.core_decoder import CoreDecoder
 from tests.workers.reference_decoding import translate_ids
 from tests.conftest import ROOT, shared_path
 from tools.marian_export import export

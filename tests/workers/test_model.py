@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from raymt.workers.config import ModelConfig
-from raymt.workers.cache import EncodedBatch, KVCache
-from raymt.workers.engine import prefix_mask
-from raymt.workers.model import MarianModel
-from raymt.workers.native import load as load_native
-from raymt.workers.step_ops import ATEN, NativeOps
+from raymt.workers.model.cache import EncodedBatch, KVCache
+from raymt.workers.decoder.engine import prefix_mask
+from raymt.workers.model.model import MarianModel
+from raymt.workers.kernels.native import load as load_native
+from raymt.workers.model.step_ops import ATEN, NativeOps
 
 V, PAD, EOS = 40, 39, 0
 ATOL = 1e-5

@@ -1,4 +1,4 @@
-"""The native decode-step operators (workers/native.py) against the ATen operators they replace."""
+"""The native decode-step operators (workers/kernels/native.py) against the ATen operators they replace."""
 from __future__ import annotations
 
 import os
@@ -10,11 +10,11 @@ import time
 import pytest
 import torch
 
-from raymt.workers.cache import KVCache
-from raymt.workers.search import row_top_log_probs
-from raymt.workers.speedups import EXACT
-from raymt.workers.step_ops import ATEN, NativeOps, attend
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.model.cache import KVCache
+from raymt.workers.search.selection import row_top_log_probs
+from raymt.workers.kernels.speedups import EXACT
+from raymt.workers.model.step_ops import ATEN, NativeOps, attend
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 NEG_INF = float("-inf")
 
@@ -180,10 +180,10 @@ def test_cross_attention_rows_of_one_sentence_share_a_pass(ops, d) -> None:
 
 def test_decoding_falls_back_to_aten_where_the_operators_cannot_be_built(tmp_path, demo_model_dir) -> None:
     probe = ("import logging, sys; logging.basicConfig(level=logging.WARNING)\n"
-             "from raymt.workers.native import load\n"
-             "from raymt.workers.core_decoder import CoreDecoder\n"
+             "from raymt.workers.kernels.native import load\n"
+             "from raymt.workers.decoder.core_decoder import CoreDecoder\n"
              "t = CoreDecoder.load(sys.argv[1])\n"
-             "from raymt.workers.step_ops import ATEN\n"
+             "from raymt.workers.model.step_ops import ATEN\n"
              "assert load() is None and t.checkpoint.model.ops is ATEN\n"
              "print(t.translate(['Ein Hund läuft.'])[0].text)\n")
     env = {**os.environ, "CXX": "/bin/false", "TORCH_EXTENSIONS_DIR": str(tmp_path), "RAYMT_NATIVE_PREBUILT": "0"}
@@ -201,7 +201,7 @@ def test_portable_build_is_cached_apart_and_equals_aten(tmp_path) -> None:
     log-softmax + top-k bit for bit where ATen runs its scalar kernels too, to float rounding where
     ATen dispatches to AVX2/AVX-512 (another summation order), and lives beside the machine's build."""
     probe = ("import sys, torch\n"
-             "from raymt.workers.native import build_targets, load\n"
+             "from raymt.workers.kernels.native import build_targets, load\n"
              "assert build_targets() == ['portable'] and load() is not None\n"
              "x = torch.randn(9, 801, generator=torch.Generator().manual_seed(0)) * 4\n"
              "v, i = torch.ops.raymt.row_top_log_softmax(x, 5, 800)\n"
@@ -288,7 +288,7 @@ def test_a_build_killed_midway_never_blocks_a_later_load(tmp_path) -> None:
     """No lock is shared between processes: a builder SIGKILLed mid-compile (a decoder actor killed while
     loading) leaves only its private directory, and the next process builds (or loads) without waiting."""
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "RAYMT_NATIVE_PREBUILT": "0"}  # (first-use builds)
-    probe = "import sys; from raymt.workers.native import load; sys.exit(0 if load() is not None else 3)"
+    probe = "import sys; from raymt.workers.kernels.native import load; sys.exit(0 if load() is not None else 3)"
     builder = subprocess.Popen([sys.executable, "-c", probe], env=env, cwd=os.getcwd(), start_new_session=True)
     deadline = time.time() + 120
     while not list(tmp_path.glob("raymt/*-build-*/build.ninja")) and time.time() < deadline:

@@ -1,5 +1,5 @@
-"""Native operators built at install time (setup.py, workers/native_build.py) and found by the loader
-(workers/native.py): an installed build whose key matches is loaded before any first-use build and
+"""Native operators built at install time (setup.py, workers/kernels/native_build.py) and found by the loader
+(workers/kernels/native.py): an installed build whose key matches is loaded before any first-use build and
 needs no compiler, one for another torch is passed over; ``raymt info`` and the job's summary line
 say which kernels the decoders run."""
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from raymt.workers.native import kernels_summary
-from raymt.workers.native_build import MARCH_FLAGS, installed_stem, library_key, library_name, machine_targets
+from raymt.workers.kernels.native import kernels_summary
+from raymt.workers.kernels.native_build import MARCH_FLAGS, installed_stem, library_key, library_name, machine_targets
 from tests.conftest import ROOT
 
 # Loads the operators with the installed builds in argv[1]; prints where they came from and whether they run.
@@ -54,7 +54,7 @@ def run(args: list[str], env: dict[str, str], timeout: float = 300) -> subproces
 @pytest.fixture(scope="module")
 def built(native_kernels):
     """The library this process runs (``native.Loaded``): copied to stand for an installed or cached build."""
-    from raymt.workers.native import loaded
+    from raymt.workers.kernels.native import loaded
     return loaded()
 
 
@@ -128,7 +128,7 @@ def test_the_summary_names_the_kernels_and_any_fallback() -> None:
 
 def test_unit_stats_carry_the_kernels_and_read_earlier_rows_without_them() -> None:
     import pyarrow as pa
-    from raymt.pipeline.records import UnitStats
+    from raymt.pipeline.outputs.records import UnitStats
     stats = UnitStats(unit="u0", actor="h:1", node="n", started=1.0, finished=2.0, wait_s=0.0, encode_s=0.1,
                       decode_s=0.5, sentences=1, pieces=1, source_tokens=5, target_tokens=6, steps=6, row_steps=6,
                       occupancy=1.0, refills=0, batch_size=32, pruned_fraction=0.0, shortlist_size=0.0,
@@ -159,7 +159,7 @@ def test_setup_builds_every_target_under_the_loaders_key_for_wheels_and_installs
     extensions, commands = setup.native_extensions()
     assert [e.name.rsplit(".", 1)[-1] for e in extensions] == \
         [installed_stem(t, library_key(t, torch.__version__)) for t in machine_targets()]
-    assert all(e.name.startswith("raymt.workers._native.") for e in extensions) and "build_ext" in commands
+    assert all(e.name.startswith("raymt.workers.kernels._native.") for e in extensions) and "build_ext" in commands
     monkeypatch.setenv("RAYMT_NATIVE_TARGETS", "x86-64-v3,portable")
     assert len(setup.native_extensions()[0]) == 2
     monkeypatch.setenv("RAYMT_BUILD_NATIVE", "0")
@@ -203,7 +203,7 @@ def test_a_fresh_install_runs_the_native_kernels_on_a_node_without_a_compiler(tm
 def test_every_header_the_sources_include_is_keyed_and_shipped() -> None:
     """A header edit changes the library key, and an installed package carries the headers its
     first-use build needs (``pyproject.toml``'s package data)."""
-    from raymt.workers.native_build import HEADER_NAMES, HEADERS, SOURCES
+    from raymt.workers.kernels.native_build import HEADER_NAMES, HEADERS, SOURCES
 
     included = {line.split('"')[1] for path in (*SOURCES, *HEADERS) for line in open(path, encoding="utf-8")
                 if line.startswith("#include \"")}

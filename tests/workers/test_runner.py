@@ -1,4 +1,4 @@
-"""The decoder runner (workers/runner.py): built once per translator, its cache, state and captured
+"""The decoder runner (workers/decoder/runner.py): built once per translator, its cache, state and captured
 steps reused by every decode call; freed at once on close; on the device it was given; a failed
 capture decodes eagerly, out of memory shrinks the slots and says which sizes were tried."""
 from __future__ import annotations
@@ -12,17 +12,17 @@ import weakref
 import pytest
 import torch
 
-from raymt.workers.cache import KVCache
+from raymt.workers.model.cache import KVCache
 from raymt.workers.config import SearchConfig
-from raymt.workers.decode_config import DecodeRequest
-from raymt.workers.engine import Engine
-from raymt.workers.output_head import OutputHead
-from raymt.workers.graphs import WARMUP_STEPS, GraphedStep
-from raymt.workers.runner import CacheNeed, DecodeRunner, bucket
-from raymt.workers.scheduler import Policy, SchedulerConfig
-from raymt.workers.speedups import CpuSpeedups
-from raymt.workers.static_step import StaticStep
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.decode_config import DecodeRequest
+from raymt.workers.decoder.engine import Engine
+from raymt.workers.model.output_head import OutputHead
+from raymt.workers.model.graphs import WARMUP_STEPS, GraphedStep
+from raymt.workers.decoder.runner import CacheNeed, DecodeRunner, bucket
+from raymt.workers.decoder.scheduler import Policy, SchedulerConfig
+from raymt.workers.kernels.speedups import CpuSpeedups
+from raymt.workers.decoder.static_step import StaticStep
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 CALLS = [  # the first batch holds the longest source: later ones fit its cache
     ["Ein Mann mit einem roten Hut fährt mit seinem Fahrrad über eine lange Brücke.", "Ein Hund läuft.",
@@ -103,9 +103,9 @@ def test_a_failed_capture_decodes_eagerly_with_one_warning(demo_model_dir, expec
     tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=4)
     tr._runner = DecodeRunner(tr.checkpoint.model, capture=raising(RuntimeError("operation not permitted when "
                                                                                  "stream is capturing")))
-    with caplog.at_level(logging.WARNING, logger="raymt.workers.graphs"):
+    with caplog.at_level(logging.WARNING, logger="raymt.workers.model.graphs"):
         assert decode_calls(tr, static=StaticStep()) == expected
-    warnings = [r.getMessage() for r in caplog.records if r.name == "raymt.workers.graphs"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "raymt.workers.model.graphs"]
     assert len(warnings) == 1 and "decoding eagerly" in warnings[0] and "not permitted" in warnings[0]
     assert "\n" not in warnings[0] and tr.runner.counts.captures == 1  # (not tried again for the bucket)
 
@@ -167,7 +167,7 @@ def test_out_of_memory_sizing_the_cache_halves_the_slots(demo_model_dir, expecte
         return real(slots, *args, **kwargs)
 
     monkeypatch.setattr(model, "new_cache", small_device)
-    with caplog.at_level(logging.WARNING, logger="raymt.workers.runner"):
+    with caplog.at_level(logging.WARNING, logger="raymt.workers.decoder.runner"):
         assert decode_calls(tr) == expected
     assert tried == [4, 2, 1] and tr.runner.slot_cap == 1 and tr.runner.counts.caches == 1
     assert "slots tried: 4, 2, 1; decoding with 1" in caplog.text
@@ -320,8 +320,8 @@ def test_a_head_that_cannot_be_copied_is_held_by_its_graph():
 def test_a_reallocation_drops_graphs_and_hands_memory_back_before_allocating(demo_model_dir, monkeypatch):
     """A larger cache or beam state is never allocated beside the old generation's graphs, index
     buffers and cached blocks: they are dropped and released first (on CUDA ``empty_cache``)."""
-    from raymt.workers import runner as runner_module
-    from raymt.workers.beams import SlotState
+    from raymt.workers.decoder import runner as runner_module
+    from raymt.workers.search.beams import SlotState
 
     tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=4)
     runner = tr._runner = DecodeRunner(tr.checkpoint.model, capture=Rerun)
@@ -349,7 +349,7 @@ def test_a_reallocation_drops_graphs_and_hands_memory_back_before_allocating(dem
 
 
 def test_release_cached_empties_torch_cache_on_cuda_only(monkeypatch):
-    from raymt.workers.graphs import release_cached
+    from raymt.workers.model.graphs import release_cached
 
     emptied = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
@@ -362,7 +362,7 @@ def test_release_cached_empties_torch_cache_on_cuda_only(monkeypatch):
 def test_free_memory_leaves_graph_pools_out(monkeypatch):
     """Torch's idle blocks of its default pool are free to a new cache; a graph pool's are not (they
     stay reserved for its replays), nor are another device's."""
-    from raymt.workers.graphs import free_memory
+    from raymt.workers.model.graphs import free_memory
 
     segments = [dict(device=0, segment_pool_id=(0, 0), total_size=300, allocated_size=100),
                 dict(device=0, segment_pool_id=(1, 0), total_size=400, allocated_size=50),  # a graph pool
@@ -377,8 +377,9 @@ def test_free_memory_leaves_graph_pools_out(monkeypatch):
 def test_the_slot_estimate_counts_the_source_positions_the_cache_allocates(demo_model_dir, monkeypatch):
     """A GPU call's slots are fitted with each slot's cross-attention K/V at the cache's rounded
     source capacity (a 9-token source takes 16 positions), not the longest source's length."""
-    from raymt.workers import core_decoder as core_decoder_module, graphs
-    from raymt.workers.runner import source_capacity
+    from raymt.workers.decoder import core_decoder as core_decoder_module
+    from raymt.workers.model.model import graphs
+    from raymt.workers.decoder.runner import source_capacity
 
     tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=4)
     sources, estimated = sorted(tr.encode(CALLS[1]), key=len), []

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from raymt.workers.scheduler import (CapacityUnit, Policy, Request, Scheduler, SchedulerConfig, Status, StepOutput,
+from raymt.workers.decoder.scheduler import (CapacityUnit, Policy, Request, Scheduler, SchedulerConfig, Status, StepOutput,
                                StepPlan)
 
 
@@ -144,7 +144,7 @@ def test_policy_and_unit_names_are_their_enums() -> None:
 def test_scheduler_module_does_not_import_torch() -> None:
     import ast
     import pathlib
-    tree = ast.parse(pathlib.Path(__file__).parents[2].joinpath("workers", "scheduler.py").read_text())
+    tree = ast.parse(pathlib.Path(__file__).parents[2].joinpath("workers", "decoder", "scheduler.py").read_text())
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not any(name and name.split(".")[0] == "torch" for name in names)

@@ -1,4 +1,4 @@
-"""Unit tests of the pure beam-step functions in ``raymt.workers.search`` on hand-built tensors.
+"""Unit tests of the pure beam-step functions in ``raymt.workers.search.selection`` on hand-built tensors.
 
 The expected values follow HF ``generate`` beam search (transformers ``_beam_search``): 2K candidates,
 EOS candidates finish only when ranked < K. The rules applied after the step (finished pools, length
@@ -14,7 +14,7 @@ import torch
 
 from benchmarks.search_variants import row_top_log_probs_fused
 from tests.workers.search_oracles import normalized_log_probs, top_candidates
-from raymt.workers.search import (
+from raymt.workers.search.selection import (
     Candidates,
     RowTop,
     row_top_log_probs,
@@ -204,7 +204,7 @@ def test_greedy_select_ends_on_eos_at_the_cap_or_without_a_finite_continuation()
     """Beam 1 (the engine's greedy step; its equality with the K = 1 beam step on a real model is
     tests/workers/test_stream.py's static-vs-dynamic test): sentence 0 continues, 1 picks EOS, 2 is
     at its cap, 3 has only -inf left."""
-    from raymt.workers.search import RowTop, greedy_select
+    from raymt.workers.search.selection import RowTop, greedy_select
 
     top = RowTop(torch.tensor([[-0.5], [-0.1], [-0.7], [float("-inf")]]), torch.tensor([[5], [0], [6], [7]]))
     sel = greedy_select(top, torch.tensor([-1.0, -2.0, -3.0, -4.0]), torch.tensor([False, False, True, False]), eos_id=0)

@@ -1,4 +1,4 @@
-"""The search-step contract (``workers/search_step.py``): every backend gives the reference's outcome,
+"""The search-step contract (``workers/search/search_step.py``): every backend gives the reference's outcome,
 and sampling, built on the reference, draws from the model's distribution, reproducibly per sentence.
 """
 from __future__ import annotations
@@ -10,17 +10,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from raymt.workers import engine as engine_module
-from raymt.workers import search_step
+from raymt.workers.decoder import engine as engine_module
+from raymt.workers.search import search_step
 from raymt.workers.config import (MAX_SAMPLING_TEMPERATURE, MIN_SAMPLING_TEMPERATURE, PruningConfig, SamplingConfig,
                                   SearchConfig)
-from raymt.workers.decode_config import DecodeRequest
-from raymt.workers.engine import StaticStep
-from raymt.workers.sampling import draw, lane_hashes, sample_candidates, sentence_key, uniforms
-from raymt.workers.scheduler import Policy, SchedulerConfig
-from raymt.workers.search import RowTop
-from raymt.workers.speedups import CpuSpeedups
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.decoder.decode_config import DecodeRequest
+from raymt.workers.decoder.engine import StaticStep
+from raymt.workers.search.sampling import draw, lane_hashes, sample_candidates, sentence_key, uniforms
+from raymt.workers.decoder.scheduler import Policy, SchedulerConfig
+from raymt.workers.search.selection import RowTop
+from raymt.workers.kernels.speedups import CpuSpeedups
+from raymt.workers.decoder.core_decoder import CoreDecoder
 
 TEXTS = ["Ein Hund rennt über die Wiese.", "Zwei Männer spielen Fußball im Park.", "Eine Frau liest ein Buch.",
          "Ein kleines Mädchen klettert in ein Spielhaus aus Holz.", "Ein Mann schläft.", "Leute stehen vor einem Gebäude."]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from raymt.workers.inputs import split_to_fit
-from raymt.workers.rows import join_rows, prepare_rows
-from raymt.workers.search import Hypothesis
-from raymt.workers.sentences import split_sentences, splitter_language
+from raymt.workers.text.inputs import split_to_fit
+from raymt.workers.text.rows import join_rows, prepare_rows
+from raymt.workers.search.selection import Hypothesis
+from raymt.workers.text.sentences import split_sentences, splitter_language
 from tests.conftest import shared_path
 
 ONE_SENTENCE = {

@@ -18,7 +18,7 @@ from tests.workers.scripted import (
     scripted,
 )
 from raymt.workers.config import SearchConfig
-from raymt.workers.shortlist import (
+from raymt.workers.search.shortlist import (
     LanguageShortlists,
     LexicalTable,
     Shortlist,
@@ -113,7 +113,7 @@ def test_shortlist_restricts_outputs_and_renormalises() -> None:
 
 def test_model_projection_gathers_candidate_rows_and_bias() -> None:
     from raymt.workers.config import ModelConfig
-    from raymt.workers.model import MarianModel
+    from raymt.workers.model.model import MarianModel
     torch.manual_seed(0)
     model = MarianModel(ModelConfig(vocab_size=20, decoder_vocab_size=20, d_model=8, encoder_layers=1,
                                     decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
@@ -135,7 +135,7 @@ def test_language_shortlists_pick_each_batch_s_tables_by_its_rows_languages() ->
 
 
 def nllb_translations(nllb_dir, shortlist, langs):
-    from raymt.workers.core_decoder import CoreDecoder
+    from raymt.workers.decoder.core_decoder import CoreDecoder
     from tests.conftest import shared_path
     tr = CoreDecoder.load(str(nllb_dir))
     lines = shared_path("multi30k", "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:8]

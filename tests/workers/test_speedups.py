@@ -14,12 +14,12 @@ import sacrebleu
 import torch
 
 from raymt.workers.config import SearchConfig
-from raymt.workers.isa import IsaUnsupported, detect as detect_isa
-from raymt.workers.search import row_top_log_probs
-from raymt.workers.shortlist import LexicalTable, Shortlist
-from raymt.workers.packed_linear import PackedLinear, small_work
-from raymt.workers.speedups import EXACT, CpuSpeedups, Int8Linear, amx_int8, onednn_available
-from raymt.workers.core_decoder import CoreDecoder
+from raymt.workers.kernels.isa import IsaUnsupported, detect as detect_isa
+from raymt.workers.search.selection import row_top_log_probs
+from raymt.workers.search.shortlist import LexicalTable, Shortlist
+from raymt.workers.model.packed_linear import PackedLinear, small_work
+from raymt.workers.kernels.speedups import EXACT, CpuSpeedups, Int8Linear, amx_int8, onednn_available
+from raymt.workers.decoder.core_decoder import CoreDecoder
 from tests.workers.reference_decoding import translate_ids
 from tests.pipeline.ray_helpers import clean_corpus
 
@@ -138,7 +138,7 @@ def test_exact_speedups_keep_outputs_and_int8_stays_close(demo_model_dir) -> Non
 
 WARM_HEAP_PROBE = """
 import ctypes, resource, sys, torch
-from raymt.workers.speedups import warm_heap
+from raymt.workers.kernels.speedups import warm_heap
 def faults():  # a churn of 8-24 MB tensors of changing sizes, up to ~100 MB live
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for i in range(12):

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from raymt.workers.config import ModelConfig, PruningConfig, SearchConfig
-from raymt.workers.model import MarianModel
-from raymt.workers.scheduler import CapacityUnit, Policy, SchedulerConfig
-from raymt.workers.cache import KVCache
-from raymt.workers.engine import Engine, StaticStep
+from raymt.workers.model.model import MarianModel
+from raymt.workers.decoder.scheduler import CapacityUnit, Policy, SchedulerConfig
+from raymt.workers.model.cache import KVCache
+from raymt.workers.decoder.engine import Engine, StaticStep
 from tests.workers.reference_decoding import beam_search
-from raymt.workers.native import load as load_native
-from raymt.workers.step_ops import NativeOps
+from raymt.workers.kernels.native import load as load_native
+from raymt.workers.model.step_ops import NativeOps
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V, PAD, EOS = 60, 59, 0
@@ -191,7 +191,7 @@ def test_the_device_advances_the_static_indices_as_the_host_would_build_them(mod
                                                                               monkeypatch):
     """Between plan changes the static step advances its own index buffer (``StaticIndices.advance``);
     at every such step the buffer equals what the host would have built, caps reached included."""
-    from raymt.workers.static_step import StaticIndices
+    from raymt.workers.decoder.static_step import StaticIndices
 
     build, checked = StaticIndices.step_index, []
 

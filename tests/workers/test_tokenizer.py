@@ -11,7 +11,7 @@ import random
 import pytest
 
 from tests.conftest import shared_path
-from raymt.workers.tokenizer import MarianTokenizer
+from raymt.workers.text.tokenizer import MarianTokenizer
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")

@@ -25,11 +25,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from raymt.pipeline.model_check import ModelError, check_model
-from raymt.workers.checkpoint import load_tokenizer, local_reader
+from raymt.pipeline.decoders.model_check import ModelError, check_model
+from raymt.workers.checkpoints.checkpoint import load_tokenizer, local_reader
 from raymt.workers.config import SearchConfig
-from raymt.workers.lang_tokenizer import M2M100_CODES, load_language_tokenizer
-from raymt.workers.tokenizer_json import JsonPieces
+from raymt.workers.text.lang_tokenizer import M2M100_CODES, load_language_tokenizer
+from raymt.workers.text.tokenizer_json import JsonPieces
 from tests.conftest import shared_path
 from tests.workers.test_m2m100 import randomize, train_spm, write_tokenizer
 

@@ -1,4 +1,4 @@
-"""The fused Triton log-softmax + top-k (workers/triton_ops.py) against ATen's output step.
+"""The fused Triton log-softmax + top-k (workers/kernels/triton_ops.py) against ATen's output step.
 
 The kernels run on a CUDA device where there is one, else on the CPU under Triton's interpreter.
 The interpreter must be chosen before Triton is first imported, so on a machine without a GPU the
@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from raymt.workers.step_ops import ATEN
-from raymt.workers.decode_config import DecodeRequest
+from raymt.workers.model.step_ops import ATEN
+from raymt.workers.decoder.decode_config import DecodeRequest
 
 triton = pytest.importorskip("triton", reason="Triton is not installed (pip install -e '.[test]' brings it)")
 
-from raymt.workers import triton_ops  # noqa: E402  (after the skip: its kernels need Triton)
+from raymt.workers.kernels import triton_ops  # noqa: E402  (after the skip: its kernels need Triton)
 
 RUNNABLE = triton_ops.INTERPRETED or torch.cuda.is_available()
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -79,7 +79,7 @@ def test_attention_through_the_ancestry_equals_atens_gathered_attention(t, n, dt
     """Each row over its own history, read in place through the ancestry (``ancestry_attention``),
     against ATen's path: gather the (t, N, H, D) copy, mask past each row's position, attend. Row 0
     reads the whole history, the last (an idle static row) only position 0, across BLOCK chunks."""
-    from raymt.workers.step_ops import attend
+    from raymt.workers.model.step_ops import attend
     torch.manual_seed(t * 31 + n)
     big, rows, h, d = 80, 9, 4, 16
     cache = torch.randn(big, 2, rows, h, d, device=DEVICE).to(dtype)  # (T, L, R, H, D): one layer of two
@@ -108,7 +108,7 @@ def test_attention_over_each_source_equals_atens_cross_attention(dtype, static):
     ATen's path over the planned slots' longest source with the padding masked (``static``: every
     slot planned, over the cache's whole source capacity). Lengths 1 to 37, across BLOCK chunks;
     the slots' K/V past their lengths are NaN, which the kernel never reads."""
-    from raymt.workers.cache import KVCache
+    from raymt.workers.model.cache import KVCache
     torch.manual_seed(int(static))
     h, d, k, capacity, lengths = 4, 16, 3, 40, [5, 37, 1, 17]
     cache = KVCache.empty(layers=2, heads=h, head_dim=d, slots=4, beam_size=k, source_capacity=capacity,
@@ -164,8 +164,8 @@ def test_rows_with_fewer_candidates_than_k_fill_with_minus_infinity():
 @pytest.mark.parametrize("beam, shortlisted", [(1, False), (4, True)])
 def test_a_decode_with_the_fused_output_step_equals_atens(demo_model_dir, beam, shortlisted):
     from raymt.workers.config import SearchConfig
-    from raymt.workers.shortlist import LexicalTable, Shortlist
-    from raymt.workers.core_decoder import CoreDecoder
+    from raymt.workers.search.shortlist import LexicalTable, Shortlist
+    from raymt.workers.decoder.core_decoder import CoreDecoder
     translator = CoreDecoder.load(str(demo_model_dir), device=DEVICE)
     model = translator.checkpoint.model
     shortlist = None
@@ -180,7 +180,7 @@ def test_a_decode_with_the_fused_output_step_equals_atens(demo_model_dir, beam, 
     got = [t.text for t in translator.translate(texts, cfg, shortlist)]
     decoder.ops = ATEN
     assert got == [t.text for t in translator.translate(texts, cfg, shortlist)]
-    assert triton_ops.device_ops(torch.device("cpu")) is ATEN  # the CPU's backend comes from workers/speedups.py
+    assert triton_ops.device_ops(torch.device("cpu")) is ATEN  # the CPU's backend comes from workers/kernels/speedups.py
 
 
 @kernels
@@ -188,9 +188,9 @@ def test_the_static_step_with_the_fused_output_step_decodes_as_atens_dynamic_one
     """The one-shape step a CUDA graph replays (every slot's rows, forced EOS at the caps, results
     read back every other step) with the Triton output step: the dynamic ATen step's outputs."""
     from raymt.workers.config import SearchConfig
-    from raymt.workers.engine import StaticStep
-    from raymt.workers.scheduler import Policy, SchedulerConfig
-    from raymt.workers.core_decoder import CoreDecoder
+    from raymt.workers.decoder.engine import StaticStep
+    from raymt.workers.decoder.scheduler import Policy, SchedulerConfig
+    from raymt.workers.decoder.core_decoder import CoreDecoder
     translator = CoreDecoder.load(str(demo_model_dir), device=DEVICE)
     decoder = translator.checkpoint.model.model.decoder
     sources = translator.encode(["Ein Hund rennt über die Wiese.", "Eine Frau liest.", "Zwei Männer."])
@@ -256,11 +256,11 @@ def test_the_triton_attention_never_reads_an_unwritten_position(demo_model_dir, 
     position a row reads was written first, a static step's idle rows included, and every source
     position a row reads is its own sentence's. Here the never-written K/V, self- and cross-attention,
     are NaN: one read of them would poison that row's softmax and change the output."""
-    from raymt.workers.cache import KVCache
+    from raymt.workers.model.cache import KVCache
     from raymt.workers.config import SearchConfig
-    from raymt.workers.engine import StaticStep
-    from raymt.workers.scheduler import Policy, SchedulerConfig
-    from raymt.workers.core_decoder import CoreDecoder
+    from raymt.workers.decoder.engine import StaticStep
+    from raymt.workers.decoder.scheduler import Policy, SchedulerConfig
+    from raymt.workers.decoder.core_decoder import CoreDecoder
 
     empty, made = KVCache.empty.__func__, []
 
@@ -304,10 +304,10 @@ def test_the_static_step_with_the_triton_kernels_is_safe_to_replay(demo_model_di
                     "with the eager step in tests/workers/test_gpu.py")
     from tests.workers.replay_trace import CAPTURED, replay_mismatches, trace_static_decode
     from raymt.workers.config import SearchConfig
-    from raymt.workers.engine import StaticStep
-    from raymt.workers.scheduler import Policy, SchedulerConfig
-    from raymt.workers.speedups import CpuSpeedups
-    from raymt.workers.core_decoder import CoreDecoder
+    from raymt.workers.decoder.engine import StaticStep
+    from raymt.workers.decoder.scheduler import Policy, SchedulerConfig
+    from raymt.workers.kernels.speedups import CpuSpeedups
+    from raymt.workers.decoder.core_decoder import CoreDecoder
 
     class OnDevice(triton_ops.TritonOps):
         def may_any(self, mask: torch.Tensor) -> bool:  # (as on a GPU: the device is never read mid-step)

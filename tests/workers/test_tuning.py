@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from raymt.workers.config import SearchConfig
-from raymt.workers.decode_config import DecodeRequest
-from raymt.workers.scheduler import Policy, SchedulerConfig
-from raymt.workers.shortlist import LexicalTable, Shortlist
-from raymt.workers.core_decoder import CoreDecoder
-from raymt.workers.tuning import BatchTuner, TunerConfig, bytes_per_sentence, fit_slots
+from raymt.workers.decoder.decode_config import DecodeRequest
+from raymt.workers.decoder.scheduler import Policy, SchedulerConfig
+from raymt.workers.search.shortlist import LexicalTable, Shortlist
+from raymt.workers.decoder.core_decoder import CoreDecoder
+from raymt.workers.decoder.tuning import BatchTuner, TunerConfig, bytes_per_sentence, fit_slots
 
 
 def drive(tuner: BatchTuner, rate, batches: int) -> list[int]:
@@ -72,8 +72,8 @@ def test_a_gpu_decode_fits_its_slots_to_free_memory_with_the_same_output(demo_mo
     """``CoreDecoder._fit_to_memory`` (called on a CUDA device only; here on the CPU with the CUDA
     query answered): the slots shrink to what fits, sized by the call's longest sentence (its source
     at the cache's rounded capacity)."""
-    from raymt.workers import graphs
-    from raymt.workers.runner import source_capacity
+    from raymt.workers.model.model import graphs
+    from raymt.workers.decoder.runner import source_capacity
 
     tr = CoreDecoder.load(str(demo_model_dir))
     texts = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch.",
