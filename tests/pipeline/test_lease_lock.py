@@ -26,7 +26,7 @@ from tests.pipeline.test_lease import part
 PAUSED_IN_GUARD = r"""
 import os, signal, sys
 import fsspec
-from raymt.pipeline import lease as L
+from raymt.pipeline.outputs import lease as L
 
 root, ttl = sys.argv[1], float(sys.argv[2])
 fs = fsspec.filesystem("file")
@@ -53,7 +53,7 @@ print("wrote", flush=True)
 PAUSED_HOLDER = r"""
 import os, signal, sys
 import fsspec
-from raymt.pipeline import disklock
+from raymt.pipeline.outputs import disklock
 from raymt.pipeline.outputs.lease import Lease
 
 root, ttl = sys.argv[1], float(sys.argv[2])

@@ -160,7 +160,7 @@ def test_staged_index_copies_survive_a_host_running_ahead_of_the_device():
 def test_the_gpu_defaults_translate_as_the_dynamic_step_and_fit_memory(cuda, monkeypatch):
     """``raymt.jobs.translate --device cuda`` with no batching flags: 256 slots, the static step read back
     every 4 steps, top-up refilling at 5% empty (``raymt.workers.decoder.device.GPU_DEFAULTS``)."""
-    from raymt.workers.model.model import graphs
+    from raymt.workers.model import graphs
     from raymt.workers.decoder.device import GPU_DEFAULTS as d
     from raymt.workers.decoder.engine import StaticStep
 

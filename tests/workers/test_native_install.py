@@ -20,14 +20,14 @@ from tests.conftest import ROOT
 
 # Loads the operators with the installed builds in argv[1]; prints where they came from and whether they run.
 LOADER = ("import sys, torch\n"
-          "from raymt.workers import native\n"
+          "from raymt.workers.kernels import native\n"
           "native.INSTALLED_DIR = sys.argv[1]\n"
           "ops, done = native.load(), native.loaded()\n"
           "runs = ops is not None and ops.row_top_log_softmax(torch.randn(3, 50), 2, 0)[1].shape == (3, 2)\n"
           "print(done.origin if done else 'aten', runs)\n")
 # A translate job (argv[2:]) with the installed builds in argv[1].
 JOB = ("import sys\n"
-       "from raymt.workers import native\n"
+       "from raymt.workers.kernels import native\n"
        "native.INSTALLED_DIR = sys.argv[1]\n"
        "from raymt.jobs.translate import main\n"
        "main(sys.argv[2:])\n")

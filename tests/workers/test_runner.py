@@ -378,7 +378,7 @@ def test_the_slot_estimate_counts_the_source_positions_the_cache_allocates(demo_
     """A GPU call's slots are fitted with each slot's cross-attention K/V at the cache's rounded
     source capacity (a 9-token source takes 16 positions), not the longest source's length."""
     from raymt.workers.decoder import core_decoder as core_decoder_module
-    from raymt.workers.model.model import graphs
+    from raymt.workers.model import graphs
     from raymt.workers.decoder.runner import source_capacity
 
     tr = CoreDecoder.load(str(demo_model_dir), max_batch_size=4)

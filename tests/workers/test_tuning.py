@@ -72,7 +72,7 @@ def test_a_gpu_decode_fits_its_slots_to_free_memory_with_the_same_output(demo_mo
     """``CoreDecoder._fit_to_memory`` (called on a CUDA device only; here on the CPU with the CUDA
     query answered): the slots shrink to what fits, sized by the call's longest sentence (its source
     at the cache's rounded capacity)."""
-    from raymt.workers.model.model import graphs
+    from raymt.workers.model import graphs
     from raymt.workers.decoder.runner import source_capacity
 
     tr = CoreDecoder.load(str(demo_model_dir))

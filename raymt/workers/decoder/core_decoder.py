@@ -259,7 +259,7 @@ class CoreDecoder:
         the cache is allocated for (the longest source rounded up, ``runner.source_capacity``), and
         its rows' logits (a slot count the GPU's defaults ask for may not fit a smaller GPU or model).
         Free memory leaves captured graphs' pools out (``graphs.free_memory``)."""
-        from raymt.workers.model.model import graphs  # (CUDA only)
+        from raymt.workers.model import graphs  # (CUDA only)
         mc, model = self.checkpoint.model.config, self.checkpoint.model
         longest = max(len(s) for s in sources)
         per_slot = bytes_per_sentence(
